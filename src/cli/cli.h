@@ -1,0 +1,23 @@
+// cli: the strata command-line program. One file per subcommand; main.c dispatches.
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "util/util.h"
+
+// Every subcommand: argv[0] is the subcommand name. Returns the process exit code
+// (0 ok, 1 failure with a message already printed, 2 usage error).
+typedef int (*st_cmd_fn)(int argc, char **argv);
+
+int st_cmd_inspect(int argc, char **argv);
+int st_cmd_tensor(int argc, char **argv);
+int st_cmd_bench(int argc, char **argv);
+
+// Prints "strata: <message>" for a failed status and returns exit code 1.
+int st_cli_fail(st_status s);
+// "--flag" matching helpers: true when argv[*i] is `name`; then *value is the next argument
+// (a missing value prints a usage error and sets *bad).
+bool st_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad);
+// Parses an integer / float argument, printing a clear error naming the flag when malformed.
+bool st_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out);
+bool st_cli_float(const char *flag, const char *text, double *out);

@@ -1,0 +1,99 @@
+// cli: the strata program's entry point: finds the subcommand and runs it.
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+
+#include "cli/cli.h"
+
+typedef struct cmd {
+    const char *name;
+    st_cmd_fn fn;
+    const char *summary;
+} cmd;
+
+static const cmd cmds[] = {
+    {"inspect", st_cmd_inspect, "show a GGUF file's metadata, tokenizer and tensors"},
+    {"tensor", st_cmd_tensor, "write one tensor dequantized to float32"},
+    {"bench", st_cmd_bench, "benchmarks (bench kernels, ...)"},
+};
+#define N_CMDS (int)(sizeof cmds / sizeof cmds[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "strata - run large Mixture-of-Experts models on ordinary PCs\n\n"
+               "usage: strata <command> [options]\n\ncommands:\n");
+    for (int i = 0; i < N_CMDS; i++) fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].summary);
+    fprintf(f, "  %-12s %s\n", "help", "this list, or `strata help <command>`");
+    fprintf(f, "\n`strata <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "help") || !strcmp(name, "--help") || !strcmp(name, "-h")) {
+        if (argc >= 3 && strcmp(name, "help") == 0) {
+            for (int i = 0; i < N_CMDS; i++)
+                if (!strcmp(cmds[i].name, argv[2])) {
+                    char *hargv[] = {argv[2], "--help", NULL};
+                    return cmds[i].fn(2, hargv);
+                }
+            fprintf(stderr, "strata: unknown command '%s'\n", argv[2]);
+            return 2;
+        }
+        usage(stdout);
+        return 0;
+    }
+    for (int i = 0; i < N_CMDS; i++)
+        if (!strcmp(cmds[i].name, name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "strata: unknown command '%s' (see `strata help`)\n", name);
+    return 2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers shared by the subcommands.
+
+int st_cli_fail(st_status s) {
+    fprintf(stderr, "strata: %s\n", st_error()[0] ? st_error() : st_status_name(s));
+    return 1;
+}
+
+bool st_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad) {
+    if (strcmp(argv[*i], name) != 0) return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "strata %s: %s needs a value\n", argv[0], name);
+        *bad = true;
+        *value = NULL;
+        return true;
+    }
+    *value = argv[++*i];
+    return true;
+}
+
+bool st_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "strata: %s: '%s' is not an integer in [%lld, %lld]\n", flag, text,
+                (long long)lo, (long long)hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool st_cli_float(const char *flag, const char *text, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end) {
+        fprintf(stderr, "strata: %s: '%s' is not a number\n", flag, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}

@@ -1,0 +1,111 @@
+// gguf: the GGUF reader (mmap, every value type, shards loaded as one, full validation before
+// use) and writer. Tensor data are views into the mapping; nothing is copied.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "quant/quant.h"
+#include "util/util.h"
+
+// Metadata value types, as stored.
+typedef enum st_gguf_vtype {
+    ST_GGUF_U8 = 0,
+    ST_GGUF_I8 = 1,
+    ST_GGUF_U16 = 2,
+    ST_GGUF_I16 = 3,
+    ST_GGUF_U32 = 4,
+    ST_GGUF_I32 = 5,
+    ST_GGUF_F32 = 6,
+    ST_GGUF_BOOL = 7,
+    ST_GGUF_STRING = 8,
+    ST_GGUF_ARRAY = 9,
+    ST_GGUF_U64 = 10,
+    ST_GGUF_I64 = 11,
+    ST_GGUF_F64 = 12,
+    ST_GGUF_VTYPE_COUNT,
+} st_gguf_vtype;
+const char *st_gguf_vtype_name(st_gguf_vtype t);
+
+#define ST_GGUF_MAX_DIMS 4
+
+typedef struct st_gguf_tensor {
+    const char *name;
+    st_type type;
+    int n_dims;
+    int64_t ne[ST_GGUF_MAX_DIMS]; // ggml order: ne[0] is contiguous; unused dims are 1
+    size_t bytes;                 // total bytes of data
+    const void *data;             // view into the mapping
+    int shard;                    // which file of a split model holds it
+    uint64_t offset;              // absolute byte offset of the data in that file
+} st_gguf_tensor;
+
+typedef struct st_gguf st_gguf;
+
+// Opens and validates a GGUF file. A path like "m-00001-of-00003.gguf" (or any shard of one)
+// loads every shard and presents them as one file: metadata from the first, tensors from all.
+st_status st_gguf_open(const char *path, st_gguf **out);
+// Parses and validates a file held in memory (used by the fuzz target and tests). The buffer
+// must outlive the returned object. `name` appears in error messages.
+st_status st_gguf_open_memory(const void *data, size_t size, const char *name, st_gguf **out);
+void st_gguf_free(st_gguf *g);
+
+const char *st_gguf_path(const st_gguf *g);
+uint32_t st_gguf_version(const st_gguf *g);
+int st_gguf_shard_count(const st_gguf *g);
+size_t st_gguf_file_bytes(const st_gguf *g); // all shards together
+
+// ---- metadata
+int64_t st_gguf_kv_count(const st_gguf *g);
+int64_t st_gguf_find_key(const st_gguf *g, const char *key); // -1 if absent
+const char *st_gguf_key(const st_gguf *g, int64_t i);
+st_gguf_vtype st_gguf_kv_type(const st_gguf *g, int64_t i);
+
+// Typed getters by key. They return false when the key is absent or has an incompatible type.
+// Integer getters accept any integer width whose value fits (writers differ in widths).
+bool st_gguf_get_u32(const st_gguf *g, const char *key, uint32_t *out);
+bool st_gguf_get_i64(const st_gguf *g, const char *key, int64_t *out);
+bool st_gguf_get_f32(const st_gguf *g, const char *key, float *out); // f32 or f64
+bool st_gguf_get_bool(const st_gguf *g, const char *key, bool *out);
+// String value (not NUL-terminated in the file: use len; *s points into the mapping).
+bool st_gguf_get_str(const st_gguf *g, const char *key, const char **s, size_t *len);
+
+// Arrays: element type and count; numeric elements are packed little-endian at *data.
+bool st_gguf_get_arr(const st_gguf *g, const char *key, st_gguf_vtype *elem_type, uint64_t *count,
+                     const void **data);
+// The i-th string of a string array (bounds checked; false if out of range or not strings).
+bool st_gguf_arr_str(const st_gguf *g, const char *key, uint64_t i, const char **s, size_t *len);
+// Numeric array element i converted to int64 / double (false if not numeric or out of range).
+bool st_gguf_arr_i64(const st_gguf *g, const char *key, uint64_t i, int64_t *out);
+bool st_gguf_arr_f64(const st_gguf *g, const char *key, uint64_t i, double *out);
+
+// ---- tensors
+int64_t st_gguf_tensor_count(const st_gguf *g);
+const st_gguf_tensor *st_gguf_tensor_at(const st_gguf *g, int64_t i);
+const st_gguf_tensor *st_gguf_find_tensor(const st_gguf *g, const char *name); // NULL if absent
+
+// ---------------------------------------------------------------------------------------------
+// Writer. Collects metadata and tensors, then writes one file (v3, alignment 32 unless set).
+
+typedef struct st_gguf_writer st_gguf_writer;
+st_gguf_writer *st_gguf_writer_create(void);
+void st_gguf_writer_free(st_gguf_writer *w);
+void st_gguf_writer_set_alignment(st_gguf_writer *w, uint32_t alignment);
+st_status st_gguf_writer_add_u32(st_gguf_writer *w, const char *key, uint32_t v);
+st_status st_gguf_writer_add_i32(st_gguf_writer *w, const char *key, int32_t v);
+st_status st_gguf_writer_add_u64(st_gguf_writer *w, const char *key, uint64_t v);
+st_status st_gguf_writer_add_f32(st_gguf_writer *w, const char *key, float v);
+st_status st_gguf_writer_add_bool(st_gguf_writer *w, const char *key, bool v);
+st_status st_gguf_writer_add_str(st_gguf_writer *w, const char *key, const char *v);
+// Numeric array of `count` elements of elem_type, packed little-endian.
+st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_vtype elem_type,
+                                 const void *data, uint64_t count);
+st_status st_gguf_writer_add_str_arr(st_gguf_writer *w, const char *key, const char *const *v,
+                                     uint64_t count);
+// Copies a key (any type, arrays included) from an open file.
+st_status st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, int64_t i);
+// Adds a tensor; `data` (bytes long, must match type and shape) is read when the file is
+// written, so it must stay valid until st_gguf_writer_write returns.
+st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims,
+                                    const int64_t *ne, const void *data, size_t bytes);
+st_status st_gguf_writer_write(st_gguf_writer *w, const char *path);
