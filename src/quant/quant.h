@@ -38,6 +38,9 @@ typedef enum st_type {
     ST_TYPE_F64 = 28,
     ST_TYPE_IQ1_M = 29,
     ST_TYPE_BF16 = 30,
+    ST_TYPE_TQ1_0 = 34, // known sizes only (no kernels)
+    ST_TYPE_TQ2_0 = 35,
+    ST_TYPE_MXFP4 = 39,
     ST_TYPE_COUNT = 40, // ids below this may exist in files; st_type_get says which we know
 } st_type;
 
