@@ -1,0 +1,192 @@
+// quant: CPU path selection (cpuid, STRATA_CPU override), the per-path kernel tables laid
+// scalar -> AVX2 -> AVX-512, and the dispatching entry points st_vec_dot and st_matmul.
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "quant/kernels.h"
+#include "quant/quant.h"
+
+static const char *const path_names[ST_CPU_PATH_COUNT] = {"scalar", "avx2", "avx512"};
+
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+static bool path_ok[ST_CPU_PATH_COUNT];
+static st_quant_kernels tables[ST_CPU_PATH_COUNT];
+static _Atomic int current_path;
+
+#if defined(__x86_64__) || defined(__i386__)
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+// What the instruction set files were compiled for (CMakeLists.txt): AVX2 + FMA + F16C + BMI2
+// for dot_avx2.c; AVX-512 F/BW/VL/DQ/VNNI on top of that for dot_avx512.c. The OS must also
+// save the wider registers (XCR0), or the instructions fault.
+static void detect(bool ok[ST_CPU_PATH_COUNT]) {
+    uint32_t a, b, c, d;
+    ok[ST_CPU_SCALAR] = true;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
+    if (!osxsave) return;
+    uint64_t xcr0 = xgetbv0();
+    bool ymm_os = (xcr0 & 0x6) == 0x6;
+    bool zmm_os = (xcr0 & 0xe6) == 0xe6; // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    bool avx2 = b & (1u << 5), bmi2 = b & (1u << 8);
+    bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30);
+    bool avx512vl = b & (1u << 31), avx512vnni = c & (1u << 11);
+    ok[ST_CPU_AVX2] = ymm_os && avx2 && fma && f16c && bmi2;
+    ok[ST_CPU_AVX512] = ok[ST_CPU_AVX2] && zmm_os && avx512f && avx512dq && avx512bw &&
+                        avx512vl && avx512vnni;
+}
+#else
+static void detect(bool ok[ST_CPU_PATH_COUNT]) { ok[ST_CPU_SCALAR] = true; }
+#endif
+
+static void cpu_init(void) {
+    detect(path_ok);
+    st_quant_kernels_scalar(&tables[ST_CPU_SCALAR]);
+    tables[ST_CPU_AVX2] = tables[ST_CPU_SCALAR];
+    st_quant_kernels_avx2(&tables[ST_CPU_AVX2]);
+    tables[ST_CPU_AVX512] = tables[ST_CPU_AVX2];
+    st_quant_kernels_avx512(&tables[ST_CPU_AVX512]);
+
+    int best = ST_CPU_SCALAR;
+    for (int p = 0; p < ST_CPU_PATH_COUNT; p++)
+        if (path_ok[p]) best = p;
+    // STRATA_CPU is for experiments and tests: pin a slower path, never a faster one.
+    const char *env = getenv("STRATA_CPU");
+    if (env && *env) {
+        int want = -1;
+        for (int p = 0; p < ST_CPU_PATH_COUNT; p++)
+            if (!strcmp(env, path_names[p])) want = p;
+        if (want < 0)
+            st_log_warn("STRATA_CPU=%s is not scalar, avx2 or avx512; using %s", env,
+                        path_names[best]);
+        else if (!path_ok[want])
+            st_log_warn("STRATA_CPU=%s: this CPU cannot run it; using %s", env, path_names[best]);
+        else
+            best = want;
+    }
+    atomic_store(&current_path, best);
+}
+
+static void ensure_init(void) { pthread_once(&cpu_once, cpu_init); }
+
+const char *st_cpu_path_name(st_cpu_path path) {
+    return (unsigned)path < ST_CPU_PATH_COUNT ? path_names[path] : "unknown";
+}
+
+bool st_cpu_path_supported(st_cpu_path path) {
+    ensure_init();
+    return (unsigned)path < ST_CPU_PATH_COUNT && path_ok[path];
+}
+
+st_cpu_path st_cpu_path_get(void) {
+    ensure_init();
+    return (st_cpu_path)atomic_load_explicit(&current_path, memory_order_relaxed);
+}
+
+st_status st_cpu_path_set(st_cpu_path path) {
+    ensure_init();
+    if ((unsigned)path >= ST_CPU_PATH_COUNT)
+        return st_fail(ST_ERR_ARG, "cpu path %d does not exist", (int)path);
+    if (!path_ok[path])
+        return st_fail(ST_ERR_UNSUPPORTED, "this CPU cannot run the %s kernels", path_names[path]);
+    atomic_store(&current_path, (int)path);
+    return ST_OK;
+}
+
+static const st_quant_kernels *kernels_now(void) {
+    ensure_init();
+    return &tables[atomic_load_explicit(&current_path, memory_order_relaxed)];
+}
+
+float st_vec_dot(st_type type, int64_t n, const void *w, const void *x) {
+    ST_ASSERT((unsigned)type < ST_TYPE_COUNT);
+    st_dot_fn fn = kernels_now()->dot[type];
+    ST_ASSERT(fn != NULL);
+    float s;
+    fn(n, &s, w, x);
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// st_matmul
+
+// Activation rows handled per dot_multi call. A verify window (up to 16 rows) is one group; a
+// prompt chunk is tiled so the group's activations stay in L1/L2 while the weights stream.
+#define MM_X_GROUP 16
+// Weight rows per tile when there are several activation groups: the tile is reused from L2 by
+// every group, so it is read from memory once (256 KiB fits the L2 of current x86 cores).
+#define MM_TILE_BYTES (256 * 1024)
+
+typedef struct mm_ctx {
+    const st_matmul_args *a;
+    st_dot_fn dot;
+    st_dot_multi_fn multi;
+    size_t w_row_bytes;
+} mm_ctx;
+
+static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
+    const st_matmul_args *a = c->a;
+    const uint8_t *w = a->w;
+    const uint8_t *x = a->x;
+    if (a->nx == 1) {
+        for (int64_t o = r0; o < r1; o++) c->dot(a->n, &a->y[o], w + o * c->w_row_bytes, x);
+        return;
+    }
+    int64_t tile = (int64_t)(MM_TILE_BYTES / (c->w_row_bytes ? c->w_row_bytes : 1));
+    if (tile < 1) tile = 1;
+    float s[MM_X_GROUP];
+    for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+        int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
+        for (int g0 = 0; g0 < a->nx; g0 += MM_X_GROUP) {
+            int g = a->nx - g0 < MM_X_GROUP ? a->nx - g0 : MM_X_GROUP;
+            const uint8_t *xg = x + (size_t)g0 * a->x_stride;
+            for (int64_t o = t0; o < t1; o++) {
+                const uint8_t *wr = w + o * c->w_row_bytes;
+                if (c->multi) {
+                    c->multi(a->n, g, s, wr, xg, a->x_stride);
+                } else {
+                    for (int r = 0; r < g; r++) c->dot(a->n, &s[r], wr, xg + (size_t)r * a->x_stride);
+                }
+                for (int r = 0; r < g; r++) a->y[(int64_t)(g0 + r) * a->ldy + o] = s[r];
+            }
+        }
+    }
+}
+
+static void mm_task(void *ctx, int ith, int nth) {
+    const mm_ctx *c = ctx;
+    int64_t rows = c->a->rows;
+    // Equal row ranges; rows of one type cost the same, so static splitting balances.
+    int64_t r0 = rows * ith / nth, r1 = rows * (ith + 1) / nth;
+    if (r0 < r1) mm_rows(c, r0, r1);
+}
+
+void st_matmul(st_pool *pool, const st_matmul_args *args) {
+    ST_ASSERT((unsigned)args->type < ST_TYPE_COUNT);
+    ST_ASSERT(args->nx >= 1 && args->rows >= 0 && args->n >= 0);
+    ST_ASSERT(args->nx == 1 || args->ldy >= args->rows);
+    const st_quant_kernels *k = kernels_now();
+    mm_ctx c = {
+        .a = args,
+        .dot = k->dot[args->type],
+        .multi = k->dot_multi[args->type],
+        .w_row_bytes = st_row_bytes(args->type, args->n),
+    };
+    ST_ASSERT(c.dot != NULL);
+    if (args->rows == 0) return;
+    // Tiny products are not worth waking the pool for.
+    int64_t work = args->rows * args->n * args->nx;
+    if (!pool || work < 32 * 1024) mm_task(&c, 0, 1);
+    else st_pool_run(pool, mm_task, &c);
+}

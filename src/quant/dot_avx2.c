@@ -1,0 +1,445 @@
+// quant: AVX2 (+FMA, F16C) dot and dot_multi kernels. Each type has one row routine templated on
+// the number of activation rows (1..4, a compile-time constant after inlining): the weight block
+// is unpacked once into registers and multiplied with every activation row.
+
+#if defined(__GNUC__) && !defined(__clang__)
+// CMake gives this file -mavxvnni, but the path is chosen on AVX2 alone (AMD Zen 3 has no
+// AVX-VNNI): keep the compiler from emitting VNNI instructions on its own.
+#pragma GCC target("no-avxvnni")
+#endif
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "quant/blocks.h"
+#include "quant/iq_tables.h"
+#include "quant/kernels.h"
+
+#define AI static inline __attribute__((always_inline))
+
+AI float f16(st_f16 h) { return _cvtsh_ss(h); }
+
+AI float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float hsum_ps128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// u8 x s8 products summed in fours into int32 lanes (pairs never saturate int16 here: every
+// caller keeps |u| * |s| * 2 below 32768).
+AI __m256i mul_sum_us8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// s8 x s8 through the sign trick: |a| * (b * sign(a)).
+AI __m256i mul_sum_ss8(__m256i a, __m256i b) {
+    return mul_sum_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+// 16 packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+AI __m256i nibbles_32(const uint8_t *qs) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+// 32 bits -> 32 bytes, 0xff where bit e of the word is set.
+AI __m256i bits_to_bytes(const uint8_t *p) {
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+// Broadcast int16 lane j of an 8-lane vector (duplicated in both halves) to all 16 lanes.
+AI __m256i bcast16(__m256i v8x2, int j) {
+    return _mm256_shuffle_epi8(v8x2, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
+}
+
+// dot_multi for any row routine: groups of 4 activation rows, then the rest.
+#define DEFINE_DOTS(name, rows_fn)                                                              \
+    static void name##_multi(int64_t n, int nx, float *s, const void *w, const void *x,        \
+                             size_t xs) {                                                       \
+        const uint8_t *xb = x;                                                                  \
+        int r = 0;                                                                              \
+        for (; r + 4 <= nx; r += 4) rows_fn(n, 4, s + r, w, xb + (size_t)r * xs, xs);           \
+        switch (nx - r) {                                                                       \
+        case 3: rows_fn(n, 3, s + r, w, xb + (size_t)r * xs, xs); break;                        \
+        case 2: rows_fn(n, 2, s + r, w, xb + (size_t)r * xs, xs); break;                        \
+        case 1: rows_fn(n, 1, s + r, w, xb + (size_t)r * xs, xs); break;                        \
+        default: break;                                                                         \
+        }                                                                                       \
+    }                                                                                           \
+    static void name##_dot(int64_t n, float *s, const void *w, const void *x) {                 \
+        rows_fn(n, 1, s, w, x, 0);                                                              \
+    }
+
+#define XROW(T, r) ((const T *)((const uint8_t *)x + (size_t)(r) * xs))
+
+// ---------------------------------------------------------------------------------------------
+// Q8_0 x Q8_0
+
+AI void q8_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_q8_0 *b = w;
+    const int64_t nb = n / QK8_0;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        __m256i aq = _mm256_sign_epi8(q, q);
+        float dw = f16(b[i].d);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_0 *y = XROW(block_q8_0, r) + i;
+            __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+            __m256i p = mul_sum_us8(aq, _mm256_sign_epi8(qy, q));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+DEFINE_DOTS(q8_0, q8_0_rows)
+
+// ---------------------------------------------------------------------------------------------
+// Q4_0, IQ4_NL x Q8_0; Q5_0 x Q8_0 (all signed values: sign trick)
+
+AI __m256i iq4nl_table(void) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
+}
+
+// kind 0: Q4_0, 1: IQ4_NL, 2: Q5_0
+AI void legacy_signed_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
+                           const void *x, size_t xs) {
+    const int64_t nb = n / 32;
+    const uint8_t *wb = w;
+    const size_t bsz = kind == 2 ? sizeof(block_q5_0) : sizeof(block_q4_0);
+    const __m256i tbl = iq4nl_table();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = wb + (size_t)i * bsz;
+        __m256i q;
+        float dw;
+        if (kind == 2) {
+            const block_q5_0 *b = (const block_q5_0 *)blk;
+            dw = f16(b->d);
+            __m256i hb = bits_to_bytes(b->qh);
+            // 5th bit clear: the value is nibble - 16, i.e. the byte nibble | 0xf0.
+            q = _mm256_or_si256(nibbles_32(b->qs), _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xf0)));
+        } else {
+            const block_q4_0 *b = (const block_q4_0 *)blk;
+            dw = f16(b->d);
+            q = nibbles_32(b->qs);
+            q = kind == 1 ? _mm256_shuffle_epi8(tbl, q) : _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+        }
+        __m256i aq = _mm256_sign_epi8(q, q);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_0 *y = XROW(block_q8_0, r) + i;
+            __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+            __m256i p = mul_sum_us8(aq, _mm256_sign_epi8(qy, q));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+AI void q4_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    legacy_signed_rows(0, n, NR, s, w, x, xs);
+}
+AI void iq4_nl_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    legacy_signed_rows(1, n, NR, s, w, x, xs);
+}
+AI void q5_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    legacy_signed_rows(2, n, NR, s, w, x, xs);
+}
+DEFINE_DOTS(q4_0, q4_0_rows)
+DEFINE_DOTS(iq4_nl, iq4_nl_rows)
+DEFINE_DOTS(q5_0, q5_0_rows)
+
+// ---------------------------------------------------------------------------------------------
+// Q4_1, Q5_1 x Q8_1: unsigned values, plus m * s (s = d_x * sum(q_x))
+
+AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, const void *w,
+                        const void *x, size_t xs) {
+    const int64_t nb = n / 32;
+    const uint8_t *wb = w;
+    const size_t bsz = is_q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float summ[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = wb + (size_t)i * bsz;
+        __m256i q;
+        float dw, mw;
+        if (is_q5) {
+            const block_q5_1 *b = (const block_q5_1 *)blk;
+            dw = f16(b->d);
+            mw = f16(b->m);
+            __m256i hb = bits_to_bytes(b->qh);
+            q = _mm256_or_si256(nibbles_32(b->qs), _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+        } else {
+            const block_q4_1 *b = (const block_q4_1 *)blk;
+            dw = f16(b->d);
+            mw = f16(b->m);
+            q = nibbles_32(b->qs);
+        }
+        for (int r = 0; r < NR; r++) {
+            const block_q8_1 *y = XROW(block_q8_1, r) + i;
+            __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+            __m256i p = mul_sum_us8(q, qy);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
+            summ[r] += mw * f16(y->s);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + summ[r];
+}
+AI void q4_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    legacy_min_rows(0, n, NR, s, w, x, xs);
+}
+AI void q5_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    legacy_min_rows(1, n, NR, s, w, x, xs);
+}
+DEFINE_DOTS(q4_1, q4_1_rows)
+DEFINE_DOTS(q5_1, q5_1_rows)
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K, Q5_K x Q8_K
+
+// The 8 six-bit scales and mins, as 8 int16 lanes each (duplicated in both 128-bit halves
+// for the scales, which are broadcast per sub-block with bcast16).
+AI void kq_scales(const uint8_t *b12, __m256i *sc, __m128i *mins) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, b12, 4);
+    memcpy(&a1, b12 + 4, 4);
+    memcpy(&a2, b12 + 8, 4);
+    uint32_t sc_lo = a0 & 0x3f3f3f3f, m_lo = a1 & 0x3f3f3f3f;
+    uint32_t sc_hi = (a2 & 0x0f0f0f0f) | ((a0 >> 2) & 0x30303030);
+    uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 2) & 0x30303030);
+    __m128i s8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *sc = _mm256_broadcastsi128_si256(s8);
+    *mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
+// sum over sub-blocks j of mins[j] * (bsums[2j] + bsums[2j+1]), as 4 int32 lanes.
+AI __m128i kq_min_dot(__m128i mins, const int16_t *bsums) {
+    __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    return _mm_madd_epi16(mins, _mm_hadd_epi16(b0, b1));
+}
+
+AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void *w,
+                  const void *x, size_t xs) {
+    const int64_t nb = n / QK_K;
+    const uint8_t *wb = w;
+    const size_t bsz = is_q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = wb + (size_t)i * bsz;
+        // Q4_K and Q5_K share d, dmin, scales[12] at the start.
+        const block_q4_K *b4 = (const block_q4_K *)blk;
+        const uint8_t *qs = is_q5 ? ((const block_q5_K *)blk)->qs : b4->qs;
+        float d = f16(b4->d), dmin = f16(b4->dmin);
+        __m256i sc;
+        __m128i mins;
+        kq_scales(b4->scales, &sc, &mins);
+        __m256i q[8];
+        __m256i hb = is_q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh)
+                           : _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            q[2 * j] = _mm256_and_si256(v, m4);
+            q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (is_q5) {
+                // Bit s of qh[l] is the 5th bit of element 32s + l.
+                for (int h = 0; h < 2; h++) {
+                    __m256i bit = _mm256_and_si256(hb, _mm256_set1_epi8(1));
+                    q[2 * j + h] = _mm256_or_si256(q[2 * j + h], _mm256_slli_epi16(bit, 4));
+                    hb = _mm256_srli_epi16(hb, 1);
+                }
+            }
+        }
+        __m256i scj[8];
+        for (int j = 0; j < 8; j++) scj[j] = bcast16(sc, j);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
+                __m256i p = _mm256_maddubs_epi16(q[j], qy);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scj[j]));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            __m128i pm = kq_min_dot(mins, y->bsums);
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * y->d), _mm_cvtepi32_ps(pm), accm[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) - hsum_ps128(accm[r]);
+}
+AI void q4_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    q45k_rows(0, n, NR, s, w, x, xs);
+}
+AI void q5_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    q45k_rows(1, n, NR, s, w, x, xs);
+}
+DEFINE_DOTS(q4_K, q4_K_rows)
+DEFINE_DOTS(q5_K, q5_K_rows)
+
+// ---------------------------------------------------------------------------------------------
+// Q6_K x Q8_K: unsigned 6-bit values times int8 scales, minus 32 * sum(scale * bsum)
+
+AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_q6_K *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)b[i].scales);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        __m256i q[8], scp[8];
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
+            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+        }
+        // Vector t covers sub-blocks 2t and 2t+1 (16 elements each): int16 scales 8 + 8.
+        for (int t = 0; t < 8; t++) {
+            __m128i ctl = _mm_set_epi64x(0x0101010101010101LL * (2 * t + 1), 0x0101010101010101LL * (2 * t));
+            scp[t] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctl));
+        }
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+            sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+            for (int t = 0; t < 8; t++) {
+                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+DEFINE_DOTS(q6_K, q6_K_rows)
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_XS x Q8_K: table values, one 6-bit scale (minus 32) per 32 elements
+
+AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_iq4_xs *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i tbl = iq4nl_table();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d);
+        int16_t ls[8];
+        for (int j = 0; j < 8; j++)
+            ls[j] = (int16_t)((((b[i].scales_l[j / 2] >> 4 * (j % 2)) & 15) |
+                               (((b[i].scales_h >> 2 * j) & 3) << 4)) - 32);
+        __m256i sc = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ls));
+        __m256i q[8], aq[8], scj[8];
+        for (int j = 0; j < 8; j++) {
+            q[j] = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 16 * j));
+            aq[j] = _mm256_sign_epi8(q[j], q[j]);
+            scj[j] = bcast16(sc, j);
+        }
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
+                __m256i p = _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(qy, q[j]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scj[j]));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+DEFINE_DOTS(iq4_xs, iq4_xs_rows)
+
+// ---------------------------------------------------------------------------------------------
+// F32, F16, BF16 (activations of the same type)
+
+// kind 0: f32, 1: f16, 2: bf16. Loads 8 elements as f32.
+AI __m256 load8(const int kind, const void *p, int64_t i) {
+    if (kind == 0) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (kind == 1) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+AI float load1(const int kind, const void *p, int64_t i) {
+    if (kind == 0) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return kind == 1 ? f16(h) : st_bf16_to_f32(h);
+}
+
+AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
+                   const void *x, size_t xs) {
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = load8(kind, w, i), w1 = load8(kind, w, i + 8);
+        for (int r = 0; r < NR; r++) {
+            const void *y = (const uint8_t *)x + (size_t)r * xs;
+            acc[r][0] = _mm256_fmadd_ps(w0, load8(kind, y, i), acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(w1, load8(kind, y, i + 8), acc[r][1]);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        const void *y = (const uint8_t *)x + (size_t)r * xs;
+        float t = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));
+        for (int64_t k = i; k < n; k++) t += load1(kind, w, k) * load1(kind, y, k);
+        s[r] = t;
+    }
+}
+AI void f32_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    float_rows(0, n, NR, s, w, x, xs);
+}
+AI void f16_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    float_rows(1, n, NR, s, w, x, xs);
+}
+AI void bf16_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    float_rows(2, n, NR, s, w, x, xs);
+}
+DEFINE_DOTS(f32, f32_rows)
+DEFINE_DOTS(f16, f16_rows)
+DEFINE_DOTS(bf16, bf16_rows)
+
+// ---------------------------------------------------------------------------------------------
+
+#define SET(T, name)                                                                            \
+    do {                                                                                        \
+        k->dot[T] = name##_dot;                                                                 \
+        k->dot_multi[T] = name##_multi;                                                         \
+    } while (0)
+
+void st_quant_kernels_avx2(st_quant_kernels *k) {
+    SET(ST_TYPE_Q8_0, q8_0);
+    SET(ST_TYPE_Q4_0, q4_0);
+    SET(ST_TYPE_Q4_1, q4_1);
+    SET(ST_TYPE_Q5_0, q5_0);
+    SET(ST_TYPE_Q5_1, q5_1);
+    SET(ST_TYPE_IQ4_NL, iq4_nl);
+    SET(ST_TYPE_Q4_K, q4_K);
+    SET(ST_TYPE_Q5_K, q5_K);
+    SET(ST_TYPE_Q6_K, q6_K);
+    SET(ST_TYPE_IQ4_XS, iq4_xs);
+    SET(ST_TYPE_F32, f32);
+    SET(ST_TYPE_F16, f16);
+    SET(ST_TYPE_BF16, bf16);
+}

@@ -1,0 +1,397 @@
+// quant: AVX-512 (F/BW/VL/DQ/VNNI) dot and dot_multi kernels, laid over the AVX2 table. Same
+// structure as dot_avx2.c: a row routine templated on 1..4 activation rows; a zmm covers 64
+// elements (two 32-element blocks or sub-blocks); int16 pair sums are scaled and accumulated
+// with VNNI's vpdpwssd, signed x signed products use |w| and a masked negation of x.
+
+#if defined(__GNUC__) && !defined(__clang__)
+// The path requires F/BW/VL/DQ/VNNI only (cpu.c); CMake also passes -mavx512bf16, which
+// Ice Lake lacks: keep the compiler from emitting BF16 instructions on its own.
+#pragma GCC target("no-avx512bf16")
+#endif
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "quant/blocks.h"
+#include "quant/iq_tables.h"
+#include "quant/kernels.h"
+
+#define AI static inline __attribute__((always_inline))
+
+AI float f16(st_f16 h) { return _cvtsh_ss(h); }
+
+AI float hsum_ps128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float hsum512(__m512 v) {
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    return hsum_ps128(_mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)));
+}
+
+AI __m512i join256(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Scale vector: lanes 0..7 = a, 8..15 = b.
+AI __m512 scale2(float a, float b) {
+    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+// sum of 4 products per int32 lane, signed w times signed x: |w| * (x negated where w < 0).
+AI __m512i dot_ss8(__m512i acc, __m512i aw, __mmask64 neg, __m512i y) {
+    return _mm512_dpbusd_epi32(acc, aw, _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y));
+}
+
+// 16 packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+AI __m256i nibbles_32(const uint8_t *qs) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+// 32 bits -> mask of 32 bytes.
+AI __mmask32 bits32(const uint8_t *p) {
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    return (__mmask32)x32;
+}
+
+// int16 vector whose lane L holds v[idx(L)], for scale broadcasting: each group of `span`
+// lanes takes the next entry starting at `first`.
+AI __m512i spread16(__m512i v, int first, int span) {
+    int16_t idx[32];
+    for (int l = 0; l < 32; l++) idx[l] = (int16_t)(first + l / span);
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), v);
+}
+
+#define DEFINE_DOTS(name, rows_fn)                                                              \
+    static void name##_multi(int64_t n, int nx, float *s, const void *w, const void *x,        \
+                             size_t xs) {                                                       \
+        const uint8_t *xb = x;                                                                  \
+        int r = 0;                                                                              \
+        for (; r + 4 <= nx; r += 4) rows_fn(n, 4, s + r, w, xb + (size_t)r * xs, xs);           \
+        switch (nx - r) {                                                                       \
+        case 3: rows_fn(n, 3, s + r, w, xb + (size_t)r * xs, xs); break;                        \
+        case 2: rows_fn(n, 2, s + r, w, xb + (size_t)r * xs, xs); break;                        \
+        case 1: rows_fn(n, 1, s + r, w, xb + (size_t)r * xs, xs); break;                        \
+        default: break;                                                                         \
+        }                                                                                       \
+    }                                                                                           \
+    static void name##_dot(int64_t n, float *s, const void *w, const void *x) {                 \
+        rows_fn(n, 1, s, w, x, 0);                                                              \
+    }
+
+#define XROW(T, r) ((const T *)((const uint8_t *)x + (size_t)(r) * xs))
+#define ZERO4_PS {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}
+
+// ---------------------------------------------------------------------------------------------
+// 32-element blocks against Q8_0 (signed: Q8_0, Q4_0, IQ4_NL, Q5_0) and Q8_1 (unsigned with a
+// min: Q4_1, Q5_1). Two blocks per zmm; an odd last block is padded with a zero weight block.
+
+enum { K_Q8_0, K_Q4_0, K_IQ4_NL, K_Q5_0, K_Q4_1, K_Q5_1 };
+
+// Block i's 32 values (signed, or unsigned for Q4_1/Q5_1), its d and (Q4_1/Q5_1) m.
+AI __m256i legacy_block(const int kind, const uint8_t *w, int64_t i, float *d, float *m) {
+    if (kind == K_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)w + i;
+        *d = f16(b->d);
+        return _mm256_loadu_si256((const __m256i *)b->qs);
+    }
+    if (kind == K_Q4_0 || kind == K_IQ4_NL) {
+        const block_q4_0 *b = (const block_q4_0 *)w + i;
+        *d = f16(b->d);
+        __m256i q = nibbles_32(b->qs);
+        if (kind == K_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+        __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
+        return _mm256_shuffle_epi8(tbl, q);
+    }
+    if (kind == K_Q5_0) {
+        const block_q5_0 *b = (const block_q5_0 *)w + i;
+        *d = f16(b->d);
+        // 5th bit clear: value = nibble - 16 (the byte nibble | 0xf0).
+        return _mm256_mask_blend_epi8(bits32(b->qh), _mm256_or_si256(nibbles_32(b->qs), _mm256_set1_epi8((char)0xf0)),
+                                      nibbles_32(b->qs));
+    }
+    if (kind == K_Q4_1) {
+        const block_q4_1 *b = (const block_q4_1 *)w + i;
+        *d = f16(b->d);
+        *m = f16(b->m);
+        return nibbles_32(b->qs);
+    }
+    const block_q5_1 *b = (const block_q5_1 *)w + i;
+    *d = f16(b->d);
+    *m = f16(b->m);
+    return _mm256_mask_blend_epi8(bits32(b->qh), nibbles_32(b->qs),
+                                  _mm256_or_si256(nibbles_32(b->qs), _mm256_set1_epi8(0x10)));
+}
+
+AI void legacy_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
+                    const void *x, size_t xs) {
+    const int64_t nb = n / 32;
+    const bool with_min = kind == K_Q4_1 || kind == K_Q5_1;
+    __m512 acc[4] = ZERO4_PS;
+    float summ[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < nb; i += 2) {
+        const bool pair = i + 1 < nb;
+        float d0 = 0, d1 = 0, m0 = 0, m1 = 0;
+        __m256i q0 = legacy_block(kind, w, i, &d0, &m0);
+        __m256i q1 = pair ? legacy_block(kind, w, i + 1, &d1, &m1) : _mm256_setzero_si256();
+        __m512i q = join256(q0, q1);
+        __m512i aq = with_min ? q : _mm512_abs_epi8(q);
+        __mmask64 neg = with_min ? 0 : _mm512_movepi8_mask(q);
+        for (int r = 0; r < NR; r++) {
+            // Q8_0 and Q8_1 share d at offset 0; qs sits at 2 or 4.
+            const uint8_t *y0 = (const uint8_t *)x + (size_t)r * xs +
+                                (size_t)i * (with_min ? sizeof(block_q8_1) : sizeof(block_q8_0));
+            const size_t ysz = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+            const size_t qoff = with_min ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+            __m256i y0q = _mm256_loadu_si256((const __m256i *)(y0 + qoff));
+            __m256i y1q = pair ? _mm256_loadu_si256((const __m256i *)(y0 + ysz + qoff)) : _mm256_setzero_si256();
+            __m512i y = join256(y0q, y1q);
+            __m512i p = with_min ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, y)
+                                 : dot_ss8(_mm512_setzero_si512(), aq, neg, y);
+            float dy0 = f16(*(const st_f16 *)y0);
+            float dy1 = pair ? f16(*(const st_f16 *)(y0 + ysz)) : 0.0f;
+            acc[r] = _mm512_fmadd_ps(scale2(d0 * dy0, d1 * dy1), _mm512_cvtepi32_ps(p), acc[r]);
+            if (with_min) {
+                const block_q8_1 *yb = (const block_q8_1 *)y0;
+                summ[r] += m0 * f16(yb[0].s) + (pair ? m1 * f16(yb[1].s) : 0.0f);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]) + summ[r];
+}
+
+#define LEGACY(name, kind)                                                                      \
+    AI void name##_rows(int64_t n, const int NR, float *s, const void *w, const void *x,       \
+                        size_t xs) {                                                            \
+        legacy_rows(kind, n, NR, s, w, x, xs);                                                  \
+    }                                                                                           \
+    DEFINE_DOTS(name, name##_rows)
+LEGACY(q8_0, K_Q8_0)
+LEGACY(q4_0, K_Q4_0)
+LEGACY(iq4_nl, K_IQ4_NL)
+LEGACY(q5_0, K_Q5_0)
+LEGACY(q4_1, K_Q4_1)
+LEGACY(q5_1, K_Q5_1)
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K, Q5_K x Q8_K. zmm j holds sub-blocks 2j (low nibbles) and 2j+1 (high nibbles).
+
+AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void *w,
+                  const void *x, size_t xs) {
+    const int64_t nb = n / QK_K;
+    const uint8_t *wb = w;
+    const size_t bsz = is_q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m512 acc[4] = ZERO4_PS;
+    __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = wb + (size_t)i * bsz;
+        const block_q4_K *b4 = (const block_q4_K *)blk;
+        const uint8_t *qs = is_q5 ? ((const block_q5_K *)blk)->qs : b4->qs;
+        float d = f16(b4->d), dmin = f16(b4->dmin);
+        uint32_t a0, a1, a2;
+        memcpy(&a0, b4->scales, 4);
+        memcpy(&a1, b4->scales + 4, 4);
+        memcpy(&a2, b4->scales + 8, 4);
+        uint32_t sc_lo = a0 & 0x3f3f3f3f, m_lo = a1 & 0x3f3f3f3f;
+        uint32_t sc_hi = (a2 & 0x0f0f0f0f) | ((a0 >> 2) & 0x30303030);
+        uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 2) & 0x30303030);
+        __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+        __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+        __m512i q[4], scj[4];
+        __m512i qh2 = is_q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh))
+                            : _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            q[j] = join256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            if (is_q5) {
+                // Bit s of qh[l] is the 5th bit of element 32s + l; s = 2j (low half), 2j+1.
+                __m512i bitsel = join256(_mm256_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(1 << (2 * j + 1))));
+                __mmask64 hk = _mm512_test_epi8_mask(qh2, bitsel);
+                q[j] = _mm512_mask_add_epi8(q[j], hk, q[j], _mm512_set1_epi8(16));
+            }
+            scj[j] = spread16(sc, 2 * j, 16);
+        }
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++) {
+                __m512i qy = _mm512_loadu_si512(y->qs + 64 * j);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[j], qy), scj[j]);
+            }
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
+            __m128i b0 = _mm_loadu_si128((const __m128i *)y->bsums);
+            __m128i b1 = _mm_loadu_si128((const __m128i *)(y->bsums + 8));
+            __m128i pm = _mm_madd_epi16(mins, _mm_hadd_epi16(b0, b1));
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * y->d), _mm_cvtepi32_ps(pm), accm[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]) - hsum_ps128(accm[r]);
+}
+AI void q4_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    q45k_rows(0, n, NR, s, w, x, xs);
+}
+AI void q5_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    q45k_rows(1, n, NR, s, w, x, xs);
+}
+DEFINE_DOTS(q4_K, q4_K_rows)
+DEFINE_DOTS(q5_K, q5_K_rows)
+
+// ---------------------------------------------------------------------------------------------
+// Q6_K x Q8_K. zmm t holds elements 64t..64t+63 (four 16-element sub-blocks 4t..4t+3).
+
+AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_q6_K *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m512 acc[4] = ZERO4_PS;
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        __m512i q[4], scp[4];
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
+            __m256i e0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            __m256i e1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            __m256i e2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+            __m256i e3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            q[2 * h] = join256(e0, e1);
+            q[2 * h + 1] = join256(e2, e3);
+        }
+        for (int t = 0; t < 4; t++) scp[t] = spread16(sc, 4 * t, 8);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+            __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+            for (int t = 0; t < 4; t++) {
+                __m512i qy = _mm512_loadu_si512(y->qs + 64 * t);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[t], qy), scp[t]);
+            }
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
+}
+DEFINE_DOTS(q6_K, q6_K_rows)
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_XS x Q8_K. zmm j holds sub-blocks 2j and 2j+1.
+
+AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_iq4_xs *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
+    __m512 acc[4] = ZERO4_PS;
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d);
+        int16_t ls[8];
+        for (int j = 0; j < 8; j++)
+            ls[j] = (int16_t)((((b[i].scales_l[j / 2] >> 4 * (j % 2)) & 15) |
+                               (((b[i].scales_h >> 2 * j) & 3) << 4)) - 32);
+        __m512i sc = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)ls));
+        __m512i aq[4], scj[4];
+        __mmask64 neg[4];
+        for (int j = 0; j < 4; j++) {
+            __m256i v0 = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 32 * j));
+            __m256i v1 = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 32 * j + 16));
+            __m512i q = join256(v0, v1);
+            aq[j] = _mm512_abs_epi8(q);
+            neg[j] = _mm512_movepi8_mask(q);
+            scj[j] = spread16(sc, 2 * j, 16);
+        }
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++) {
+                __m512i qy = _mm512_loadu_si512(y->qs + 64 * j);
+                qy = _mm512_mask_sub_epi8(qy, neg[j], _mm512_setzero_si512(), qy);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(aq[j], qy), scj[j]);
+            }
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
+}
+DEFINE_DOTS(iq4_xs, iq4_xs_rows)
+
+// ---------------------------------------------------------------------------------------------
+// F32, F16, BF16
+
+AI __m512 load16(const int kind, const void *p, int64_t i) {
+    if (kind == 0) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (kind == 1) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+AI float load1(const int kind, const void *p, int64_t i) {
+    if (kind == 0) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return kind == 1 ? f16(h) : st_bf16_to_f32(h);
+}
+
+AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
+                   const void *x, size_t xs) {
+    __m512 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = load16(kind, w, i), w1 = load16(kind, w, i + 16);
+        for (int r = 0; r < NR; r++) {
+            const void *y = (const uint8_t *)x + (size_t)r * xs;
+            acc[r][0] = _mm512_fmadd_ps(w0, load16(kind, y, i), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(w1, load16(kind, y, i + 16), acc[r][1]);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        const void *y = (const uint8_t *)x + (size_t)r * xs;
+        float t = hsum512(_mm512_add_ps(acc[r][0], acc[r][1]));
+        for (int64_t k = i; k < n; k++) t += load1(kind, w, k) * load1(kind, y, k);
+        s[r] = t;
+    }
+}
+AI void f32_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    float_rows(0, n, NR, s, w, x, xs);
+}
+AI void f16_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    float_rows(1, n, NR, s, w, x, xs);
+}
+AI void bf16_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    float_rows(2, n, NR, s, w, x, xs);
+}
+DEFINE_DOTS(f32, f32_rows)
+DEFINE_DOTS(f16, f16_rows)
+DEFINE_DOTS(bf16, bf16_rows)
+
+// ---------------------------------------------------------------------------------------------
+
+#define SET(T, name)                                                                            \
+    do {                                                                                        \
+        k->dot[T] = name##_dot;                                                                 \
+        k->dot_multi[T] = name##_multi;                                                         \
+    } while (0)
+
+void st_quant_kernels_avx512(st_quant_kernels *k) {
+    SET(ST_TYPE_Q8_0, q8_0);
+    SET(ST_TYPE_Q4_0, q4_0);
+    SET(ST_TYPE_Q4_1, q4_1);
+    SET(ST_TYPE_Q5_0, q5_0);
+    SET(ST_TYPE_Q5_1, q5_1);
+    SET(ST_TYPE_IQ4_NL, iq4_nl);
+    SET(ST_TYPE_Q4_K, q4_K);
+    SET(ST_TYPE_Q5_K, q5_K);
+    SET(ST_TYPE_Q6_K, q6_K);
+    SET(ST_TYPE_IQ4_XS, iq4_xs);
+    SET(ST_TYPE_F32, f32);
+    SET(ST_TYPE_F16, f16);
+    SET(ST_TYPE_BF16, bf16);
+}

@@ -1,0 +1,273 @@
+// Unit tests for the SIMD CPU kernels: every path this CPU runs (AVX2, AVX-512) against the
+// scalar reference, for every type, odd block counts, dot, dot_multi and st_matmul with odd row
+// counts and several threads. Paths the CPU lacks are skipped, saying so.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/blocks.h"
+#include "quant/kernels.h"
+#include "quant/quant.h"
+
+// SIMD and scalar kernels compute the same integer block sums; only the float accumulation
+// order differs. Bound: |simd - scalar| <= REL_TOL * sum_i |w_i * x_i| (dequantized weights,
+// float activations), which is far above that reordering error and far below any real bug
+// (a wrong element or scale changes the result by about one term, i.e. ~1/n of the magnitude).
+#define REL_TOL 2e-5
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rndf(void) { return (float)((rnd() & 0xffffff) / 8388608.0 - 1.0); } // [-1, 1)
+
+static void put_f16(uint8_t *p, float v) {
+    st_f16 h = st_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+// Offsets of the fp16 scale fields of each block type (so random bytes get sane scales).
+static void fix_scales(st_type t, uint8_t *b) {
+    float d = 0.001f + (rnd() % 1000) * 1e-5f, m = -0.01f + (rnd() % 1000) * 2e-5f;
+    switch (t) {
+    case ST_TYPE_Q4_1: case ST_TYPE_Q5_1:
+        put_f16(b, d);
+        put_f16(b + 2, m);
+        break;
+    case ST_TYPE_Q4_K: case ST_TYPE_Q5_K:
+        put_f16(b, d);
+        put_f16(b + 2, fabsf(m));
+        break;
+    case ST_TYPE_Q2_K:
+        put_f16(b + offsetof(block_q2_K, d), d);
+        put_f16(b + offsetof(block_q2_K, dmin), fabsf(m));
+        break;
+    case ST_TYPE_Q3_K: put_f16(b + offsetof(block_q3_K, d), d); break;
+    case ST_TYPE_Q6_K: put_f16(b + offsetof(block_q6_K, d), d); break;
+    case ST_TYPE_IQ1_M: {
+        // The fp16 scale lives in the top nibbles of the four u16 scale words.
+        st_f16 h = st_f32_to_f16(d);
+        uint8_t *sc = b + offsetof(block_iq1_m, scales);
+        for (int k = 0; k < 4; k++) sc[2 * k + 1] = (uint8_t)((sc[2 * k + 1] & 0x0f) | (((h >> 4 * k) & 15) << 4));
+        break;
+    }
+    default: put_f16(b, d); break; // d first: Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, IQ2/IQ3/IQ1_S
+    }
+}
+
+// A random weight row of type t with n elements (fp16 scales set to small finite values).
+static void make_weights(st_type t, uint8_t *w, int64_t n) {
+    const st_type_info *ti = st_type_get(t);
+    if (t == ST_TYPE_F32 || t == ST_TYPE_F16 || t == ST_TYPE_BF16) {
+        float *f = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) f[i] = rndf();
+        st_quantize(t, f, w, n);
+        free(f);
+        return;
+    }
+    size_t bytes = st_row_bytes(t, n);
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
+    for (int64_t b = 0; b < n / ti->block; b++) fix_scales(t, w + (size_t)b * ti->block_bytes);
+}
+
+typedef struct fixture {
+    st_type type;
+    int64_t n;
+    int nx;
+    int rows;
+    uint8_t *w;     // (rows, n) weights
+    uint8_t *x;     // (nx, n) activations quantized to the dot type
+    size_t xs;      // bytes per activation row
+    float *mag;     // (nx, rows) sum |w_i x_i|
+    float *ref;     // (nx, rows) scalar results
+} fixture;
+
+static void fixture_init(fixture *f, st_type t, int64_t n, int rows, int nx) {
+    const st_type_info *ti = st_type_get(t);
+    f->type = t;
+    f->n = n;
+    f->rows = rows;
+    f->nx = nx;
+    size_t wr = st_row_bytes(t, n);
+    f->xs = st_row_bytes(ti->dot_type, n);
+    f->w = st_alloc(wr * (size_t)rows);
+    f->x = st_alloc(f->xs * (size_t)nx);
+    f->mag = malloc(sizeof(float) * (size_t)rows * nx);
+    f->ref = malloc(sizeof(float) * (size_t)rows * nx);
+    float *xf = malloc(sizeof(float) * (size_t)n * nx);
+    float *wf = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(f->w);
+    assert_non_null(f->x);
+    for (int o = 0; o < rows; o++) make_weights(t, f->w + (size_t)o * wr, n);
+    for (int r = 0; r < nx; r++) {
+        for (int64_t i = 0; i < n; i++) xf[(size_t)r * n + i] = rndf() * (1 + (rnd() % 4));
+        st_quantize(ti->dot_type, xf + (size_t)r * n, f->x + (size_t)r * f->xs, n);
+    }
+    assert_int_equal(st_cpu_path_set(ST_CPU_SCALAR), ST_OK);
+    for (int o = 0; o < rows; o++) {
+        st_dequantize(t, f->w + (size_t)o * wr, wf, n);
+        for (int r = 0; r < nx; r++) {
+            double m = 0;
+            for (int64_t i = 0; i < n; i++) m += fabs((double)wf[i] * xf[(size_t)r * n + i]);
+            f->mag[(size_t)r * rows + o] = (float)m;
+            f->ref[(size_t)r * rows + o] = st_vec_dot(t, n, f->w + (size_t)o * wr, f->x + (size_t)r * f->xs);
+        }
+    }
+    free(xf);
+    free(wf);
+}
+
+static void fixture_free(fixture *f) {
+    st_free(f->w);
+    st_free(f->x);
+    free(f->mag);
+    free(f->ref);
+}
+
+static void check(const fixture *f, int o, int r, float got, const char *what, st_cpu_path p) {
+    float want = f->ref[(size_t)r * f->rows + o];
+    double tol = REL_TOL * f->mag[(size_t)r * f->rows + o] + 1e-6;
+    if (!(fabs((double)got - want) <= tol)) {
+        print_error("%s %s: type %s n=%lld row %d x-row %d: got %.9g, scalar %.9g (tol %.3g)\n",
+                    st_cpu_path_name(p), what, st_type_name(f->type), (long long)f->n, o, r,
+                    got, want, tol);
+        fail();
+    }
+}
+
+// Every computable type against the scalar reference on one path.
+static int check_path(st_cpu_path p) {
+    st_quant_kernels scalar, fast;
+    memset(&scalar, 0, sizeof scalar);
+    st_quant_kernels_scalar(&scalar);
+    fast = scalar;
+    st_quant_kernels_avx2(&fast);
+    if (p == ST_CPU_AVX512) st_quant_kernels_avx512(&fast);
+
+    st_pool *pool = st_pool_create(3);
+    assert_non_null(pool);
+    int n_types = 0;
+    for (int t = 0; t < ST_TYPE_COUNT; t++) {
+        const st_type_info *ti = st_type_get(t);
+        if (!ti || !ti->compute || !scalar.dot[t]) continue;
+        bool own = fast.dot[t] != scalar.dot[t];
+        // Block counts: odd ones (an AVX-512 pair loop's tail) and one large.
+        int64_t counts[] = {1, 3, 7, 16, 33};
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            int64_t n = counts[c] * ti->block;
+            if (ti->block == 1) n = counts[c] * 37; // floats: not a multiple of the vector width
+            int rows = c % 2 ? 13 : 5, nx = c == 4 ? 37 : (int)(c * 2 + 1);
+            fixture f;
+            fixture_init(&f, (st_type)t, n, rows, nx);
+            assert_int_equal(st_cpu_path_set(p), ST_OK);
+            size_t wr = st_row_bytes((st_type)t, n);
+            // dot, one pair at a time
+            for (int o = 0; o < rows; o++)
+                for (int r = 0; r < nx; r++)
+                    check(&f, o, r, st_vec_dot((st_type)t, n, f.w + (size_t)o * wr, f.x + (size_t)r * f.xs), "dot", p);
+            // dot_multi directly, every count of activation rows up to 9
+            if (fast.dot_multi[t]) {
+                float s[9];
+                for (int k = 1; k <= 9 && k <= nx; k++) {
+                    fast.dot_multi[t](n, k, s, f.w, f.x, f.xs);
+                    for (int r = 0; r < k; r++) check(&f, 0, r, s[r], "dot_multi", p);
+                }
+            }
+            // st_matmul with a pool (and without), into a wider output
+            int64_t ldy = rows + 3;
+            float *y = malloc(sizeof(float) * (size_t)ldy * nx);
+            for (int use_pool = 0; use_pool < 2; use_pool++) {
+                for (int64_t i = 0; i < ldy * nx; i++) y[i] = NAN;
+                st_matmul_args a = {.type = (st_type)t, .w = f.w, .n = n, .rows = rows, .x = f.x,
+                                    .x_stride = f.xs, .nx = nx, .y = y, .ldy = ldy};
+                st_matmul(use_pool ? pool : NULL, &a);
+                for (int r = 0; r < nx; r++) {
+                    for (int o = 0; o < rows; o++) check(&f, o, r, y[r * ldy + o], "matmul", p);
+                    for (int o = rows; o < ldy; o++) assert_true(isnan(y[r * ldy + o])); // untouched
+                }
+            }
+            free(y);
+            fixture_free(&f);
+        }
+        if (own) n_types++;
+    }
+    st_pool_free(pool);
+    return n_types;
+}
+
+static void run_path(st_cpu_path p) {
+    if (!st_cpu_path_supported(p)) {
+        print_message("[  SKIPPED ] %s kernels: this CPU cannot run them (tested on a CPU that can)\n",
+                      st_cpu_path_name(p));
+        skip();
+    }
+    st_cpu_path saved = st_cpu_path_get();
+    int n = check_path(p);
+    print_message("[    INFO  ] %s: %d types with their own kernels match the scalar reference\n",
+                  st_cpu_path_name(p), n);
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+    assert_true(n > 0);
+}
+
+static void test_avx2(void **state) {
+    (void)state;
+    run_path(ST_CPU_AVX2);
+}
+
+static void test_avx512(void **state) {
+    (void)state;
+    run_path(ST_CPU_AVX512);
+}
+
+// The scalar path itself through st_matmul's tiling (many activation rows, more than one tile
+// and group) against single dots.
+static void test_scalar_matmul_tiling(void **state) {
+    (void)state;
+    fixture f;
+    fixture_init(&f, ST_TYPE_Q8_0, 64 * 32, 150, 21); // 150 rows of 2176 bytes: > one 256 KiB tile
+    float *y = malloc(sizeof(float) * 150 * 21);
+    st_pool *pool = st_pool_create(2);
+    st_matmul_args a = {.type = ST_TYPE_Q8_0, .w = f.w, .n = f.n, .rows = 150, .x = f.x,
+                        .x_stride = f.xs, .nx = 21, .y = y, .ldy = 150};
+    st_matmul(pool, &a);
+    for (int r = 0; r < 21; r++)
+        for (int o = 0; o < 150; o++) check(&f, o, r, y[r * 150 + o], "matmul", ST_CPU_SCALAR);
+    st_pool_free(pool);
+    free(y);
+    fixture_free(&f);
+}
+
+// Path selection: names, the scalar path always there, an unsupported path refused.
+static void test_paths(void **state) {
+    (void)state;
+    assert_string_equal(st_cpu_path_name(ST_CPU_AVX512), "avx512");
+    assert_true(st_cpu_path_supported(ST_CPU_SCALAR));
+    st_cpu_path saved = st_cpu_path_get();
+    assert_true(st_cpu_path_supported(saved));
+    for (int p = 0; p < ST_CPU_PATH_COUNT; p++) {
+        st_status s = st_cpu_path_set((st_cpu_path)p);
+        assert_int_equal(s == ST_OK, st_cpu_path_supported((st_cpu_path)p));
+        print_message("[    INFO  ] path %-6s %s\n", st_cpu_path_name((st_cpu_path)p),
+                      s == ST_OK ? "supported" : "not supported by this CPU (its test is skipped)");
+    }
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+    assert_int_equal(st_cpu_path_set(ST_CPU_PATH_COUNT), ST_ERR_ARG);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_scalar_matmul_tiling),
+        cmocka_unit_test(test_avx2),
+        cmocka_unit_test(test_avx512),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

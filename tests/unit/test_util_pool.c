@@ -1,0 +1,142 @@
+// Unit tests for the thread pool: every thread runs each call exactly once, results are visible
+// to the caller, back-to-back and sleeping workers both work, and the per-call overhead (printed)
+// stays in microseconds.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/util.h"
+
+typedef struct count_ctx {
+    _Atomic int calls;
+    int seen[64];       // per thread index: how many times it ran (plain writes, read after run)
+    int nth_seen;
+} count_ctx;
+
+static void count_fn(void *p, int ith, int nth) {
+    count_ctx *c = p;
+    atomic_fetch_add(&c->calls, 1);
+    c->seen[ith]++;
+    if (ith == 0) c->nth_seen = nth;
+}
+
+static void test_each_thread_once(void **state) {
+    (void)state;
+    for (int n = 1; n <= 5; n++) {
+        st_pool *pool = st_pool_create(n);
+        assert_non_null(pool);
+        assert_int_equal(st_pool_size(pool), n);
+        count_ctx c;
+        memset(&c, 0, sizeof c);
+        for (int it = 0; it < 1000; it++) st_pool_run(pool, count_fn, &c);
+        assert_int_equal(atomic_load(&c.calls), 1000 * n);
+        for (int i = 0; i < n; i++) assert_int_equal(c.seen[i], 1000);
+        assert_int_equal(c.nth_seen, n);
+        st_pool_free(pool);
+    }
+}
+
+static void test_null_pool(void **state) {
+    (void)state;
+    count_ctx c;
+    memset(&c, 0, sizeof c);
+    st_pool_run(NULL, count_fn, &c);
+    assert_int_equal(c.calls, 1);
+    assert_int_equal(c.nth_seen, 1);
+    assert_int_equal(st_pool_size(NULL), 1);
+    assert_null(st_pool_create(0));
+    assert_true(st_cpu_count() >= 1);
+}
+
+// Workers write disjoint parts of an array; the caller reads all of it right after the call.
+typedef struct sum_ctx {
+    int64_t n;
+    int32_t *v;
+    int64_t part[64];
+} sum_ctx;
+
+static void fill_fn(void *p, int ith, int nth) {
+    sum_ctx *c = p;
+    int64_t a = c->n * ith / nth, b = c->n * (ith + 1) / nth, s = 0;
+    for (int64_t i = a; i < b; i++) {
+        c->v[i] = (int32_t)(i * 3 + 1);
+        s += c->v[i];
+    }
+    c->part[ith] = s;
+}
+
+static void test_results_visible(void **state) {
+    (void)state;
+    st_pool *pool = st_pool_create(4);
+    sum_ctx c = {.n = 100003};
+    c.v = st_alloc(sizeof(int32_t) * (size_t)c.n);
+    for (int it = 0; it < 50; it++) {
+        memset(c.v, 0, sizeof(int32_t) * (size_t)c.n);
+        st_pool_run(pool, fill_fn, &c);
+        int64_t total = 0, want = 0;
+        for (int i = 0; i < 4; i++) total += c.part[i];
+        for (int64_t i = 0; i < c.n; i++) {
+            assert_int_equal(c.v[i], i * 3 + 1);
+            want += i * 3 + 1;
+        }
+        assert_true(total == want);
+    }
+    st_free(c.v);
+    st_pool_free(pool);
+}
+
+// Calls after the workers went to sleep (longer than their spin time) still run everywhere.
+static void test_after_sleep(void **state) {
+    (void)state;
+    st_pool *pool = st_pool_create(3);
+    count_ctx c;
+    memset(&c, 0, sizeof c);
+    for (int it = 0; it < 5; it++) {
+        usleep(3000);
+        st_pool_run(pool, count_fn, &c);
+    }
+    assert_int_equal(atomic_load(&c.calls), 15);
+    st_pool_free(pool);
+}
+
+static void noop_fn(void *p, int ith, int nth) {
+    (void)p;
+    (void)ith;
+    (void)nth;
+}
+
+// Per-call overhead of an empty job, back to back (the decode pattern). Printed; the bound is
+// loose because CI machines are shared, but a sleep/wake per call (~50+ us) would show.
+static void test_overhead(void **state) {
+    (void)state;
+    int n = st_cpu_count() < 4 ? st_cpu_count() : 4;
+    st_pool *pool = st_pool_create(n);
+    for (int i = 0; i < 1000; i++) st_pool_run(pool, noop_fn, NULL);
+    int iters = 20000;
+    double best = 1e9;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = st_time_s();
+        for (int i = 0; i < iters; i++) st_pool_run(pool, noop_fn, NULL);
+        double us = (st_time_s() - t0) / iters * 1e6;
+        if (us < best) best = us;
+    }
+    print_message("[    INFO  ] pool of %d threads: %.2f us per empty call (best of 3 x %d)\n", n,
+                  best, iters);
+    assert_true(best < 200.0);
+    st_pool_free(pool);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_each_thread_once),
+        cmocka_unit_test(test_null_pool),
+        cmocka_unit_test(test_results_visible),
+        cmocka_unit_test(test_after_sleep),
+        cmocka_unit_test(test_overhead),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
