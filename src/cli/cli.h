@@ -12,6 +12,13 @@ typedef int (*st_cmd_fn)(int argc, char **argv);
 int st_cmd_inspect(int argc, char **argv);
 int st_cmd_tensor(int argc, char **argv);
 int st_cmd_bench(int argc, char **argv);
+int st_cmd_eval(int argc, char **argv);
+int st_cmd_tokenize(int argc, char **argv);   // cmd_tokenize.c
+int st_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
+int st_bench_tokenizer(int argc, char **argv); // bench_tokenizer.c: `strata bench tokenizer`
+// Loads a tokenizer from a GGUF (gguf_path) or a tokenizer.json (json_path, if not NULL).
+typedef struct st_tokenizer st_tokenizer;
+st_status st_cli_load_tokenizer(const char *gguf_path, const char *json_path, st_tokenizer **out);
 
 // Prints "strata: <message>" for a failed status and returns exit code 1.
 int st_cli_fail(st_status s);

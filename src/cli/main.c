@@ -16,7 +16,10 @@ typedef struct cmd {
 static const cmd cmds[] = {
     {"inspect", st_cmd_inspect, "show a GGUF file's metadata, tokenizer and tensors"},
     {"tensor", st_cmd_tensor, "write one tensor dequantized to float32"},
+    {"eval", st_cmd_eval, "write every position's logits for a token sequence"},
     {"bench", st_cmd_bench, "benchmarks (bench kernels, ...)"},
+    {"tokenize", st_cmd_tokenize, "text to token ids (GGUF or tokenizer.json)"},
+    {"detokenize", st_cmd_detokenize, "token ids to text"},
 };
 #define N_CMDS (int)(sizeof cmds / sizeof cmds[0])
 

@@ -1,0 +1,142 @@
+// backend: the op interface the model forwards are written over, and the CPU backend. Ops work
+// on rows of float activations held in the backend's memory; weights are matrices in any ggml
+// type. A CUDA backend fills the same table; cpu.c is the reference every other one is tested
+// against.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "quant/quant.h"
+#include "util/util.h"
+
+// A weight matrix (rows, cols): row r is the contiguous bytes data + r * row_bytes, with quant
+// blocks along cols. As stored in GGUF: ne = {cols, rows}.
+typedef struct st_mat {
+    st_type type;
+    int64_t cols, rows;
+    size_t row_bytes;
+    const void *data;
+} st_mat;
+
+// A stack of n equally shaped matrices (ggml ne = {cols, rows, n}): the routed experts.
+typedef struct st_mat3 {
+    st_type type;
+    int64_t cols, rows, n;
+    size_t row_bytes, mat_bytes;
+    const void *data;
+} st_mat3;
+
+static inline st_mat st_mat3_get(const st_mat3 *m, int64_t i) {
+    st_mat r = {m->type, m->cols, m->rows, m->row_bytes, (const char *)m->data + i * m->mat_bytes};
+    return r;
+}
+
+// KV cache element types.
+typedef enum st_kv_type { ST_KV_F16, ST_KV_Q8_0, ST_KV_F32 } st_kv_type;
+
+// One attention layer's cache: rows of n_head_kv * head_dim values for K and for V.
+typedef struct st_kv_layer {
+    st_kv_type type;
+    int n_ctx, n_head_kv, head_dim;
+    size_t row_bytes;  // bytes of one position's K (or V) row
+    void *k, *v;       // (n_ctx, row_bytes)
+} st_kv_layer;
+
+// Causal attention for n new rows at positions pos0 .. pos0+n-1: stores k and v in the cache,
+// then each query row attends to cache rows 0 .. its own position. out = softmax(q·kᵀ·scale)·v.
+typedef struct st_attn_args {
+    st_kv_layer *kv;
+    const float *q;    // (n, n_head, head_dim)
+    const float *k;    // (n, n_head_kv, head_dim)
+    const float *v;    // (n, n_head_kv, head_dim)
+    float *out;        // (n, n_head, head_dim)
+    int n, pos0, n_head;
+    float scale;
+} st_attn_args;
+
+// Gated DeltaNet recurrence (REFERENCE.md §3.3) over n rows for h_v value heads of size d,
+// key heads h_k (value head j reads key head j / (h_v / h_k)). q and k are already L2-normed
+// (q scaled by 1/sqrt(d)). state (h_v, d_v, d_k): for each value index the key dims are
+// contiguous. Updated in place.
+typedef struct st_gdn_args {
+    const float *q, *k;   // (n, h_k, d)
+    const float *v;       // (n, h_v, d)
+    const float *beta;    // (n, h_v) in (0, 1)
+    const float *g;       // (n, h_v) log-decay <= 0
+    float *state;         // (h_v, d, d)
+    float *out;           // (n, h_v, d)
+    int n, h_k, h_v, d;
+} st_gdn_args;
+
+// Depthwise causal conv over time + SiLU: y[t][c] = silu(Σ_j w[c][j] · x[t-K+1+j][c]), where
+// rows before t=0 come from state (the K-1 raw rows before this call), updated in place.
+typedef struct st_conv_args {
+    const float *x;     // (n, channels) raw rows
+    const float *w;     // (channels, K) taps, w[c][K-1] multiplies the current row
+    float *state;       // (K-1, channels)
+    float *y;           // (n, channels)
+    int n, channels, kernel;
+} st_conv_args;
+
+typedef struct st_backend st_backend;
+
+typedef struct st_backend_ops {
+    const char *name;
+    void *(*alloc)(st_backend *b, size_t bytes);  // NULL + st_error on failure
+    void (*free)(st_backend *b, void *p);
+    // y (n, w.rows) = x (n, w.cols) · wᵀ
+    void (*matmul)(st_backend *b, const st_mat *w, const float *x, int n, float *y);
+    // y (n, w.cols) = rows ids[i] of w, dequantized (the embedding lookup)
+    void (*get_rows)(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
+    // y (n, d) = x / sqrt(mean(x²) + eps) · w per row; w (d) or NULL for no scale
+    void (*rmsnorm)(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
+    // x (n, d) /= max(||x||, eps) per row, then *= scale
+    void (*l2norm)(st_backend *b, float *x, int n, int d, float eps, float scale);
+    // NeoX rotary embedding in place on x (n, n_head, head_dim), row i at position pos[i]:
+    // dims i and i + n_rot/2 (i < n_rot/2) rotate by pos · base^(-2i/n_rot); the rest pass.
+    void (*rope)(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
+                 const int32_t *pos, float base);
+    void (*attention)(st_backend *b, const st_attn_args *a);
+    void (*conv)(st_backend *b, const st_conv_args *a);
+    void (*gdn)(st_backend *b, const st_gdn_args *a);
+    // y (n) += x (n)
+    void (*add)(st_backend *b, float *y, const float *x, int64_t n);
+    // y (n) = silu(gate) · up
+    void (*swiglu)(st_backend *b, const float *gate, const float *up, float *y, int64_t n);
+    // y (n) *= sigmoid(gate)
+    void (*mul_sigmoid)(st_backend *b, float *y, const float *gate, int64_t n);
+    // y (n) *= silu(gate)
+    void (*mul_silu)(st_backend *b, float *y, const float *gate, int64_t n);
+    // y (n, d) += sigmoid(g[i]) · x (n, d): one gate logit per row (the shared expert's gate)
+    void (*add_gated_rows)(st_backend *b, float *y, const float *x, const float *g, int n, int d);
+    // DeltaNet gates from ba (n, h_k, [b(r), a(r)]) with r = h_v / h_k, per value head j:
+    // beta = sigmoid(b_j), g = ssm_a[j] · softplus(a_j + dt_bias[j]). beta, g (n, h_v).
+    void (*gdn_gates)(st_backend *b, const float *ba, const float *ssm_a, const float *dt_bias,
+                      float *beta, float *g, int n, int h_k, int h_v);
+    // Split rows of (n, heads, a + b) into (n, heads, a) and (n, heads, b).
+    void (*split_heads)(st_backend *b, const float *x, float *ya, float *yb, int n, int heads,
+                        int a, int bdim);
+    // Copy a column range between row-major matrices:
+    // y[i][y_from + j] = x[i][x_from + j] for i < n, j < w; rows ldx and ldy floats long.
+    void (*copy_cols)(st_backend *b, const float *x, int64_t ldx, int64_t x_from, float *y,
+                      int64_t ldy, int64_t y_from, int n, int64_t w);
+    void (*copy)(st_backend *b, float *dst, const float *src, int64_t n);
+    // Host <-> backend copies (identity copies on the CPU).
+    void (*to_host)(st_backend *b, void *host, const void *src, size_t bytes);
+    void (*from_host)(st_backend *b, void *dst, const void *host, size_t bytes);
+} st_backend_ops;
+
+struct st_backend {
+    const st_backend_ops *ops;
+    st_pool *pool;       // CPU threads (the CPU backend's workers; the CPU pool for others)
+    void *scratch;       // quantized activations for matmul
+    size_t scratch_bytes;
+};
+
+// The CPU backend: n_threads workers (including the caller).
+st_status st_backend_cpu_create(int n_threads, st_backend **out);
+void st_backend_free(st_backend *b);
+
+// Bytes one KV row (n_head_kv * head_dim values) takes in a cache of this type.
+size_t st_kv_row_bytes(st_kv_type type, int n_values);

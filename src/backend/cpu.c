@@ -1,0 +1,356 @@
+// backend: the CPU backend, the scalar reference of every op. Heavy ops (matmul, attention,
+// the DeltaNet recurrence) split their work over the thread pool; the rest are plain loops.
+
+#include <math.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "quant/blocks.h"
+
+static void *cpu_alloc(st_backend *b, size_t bytes) {
+    (void)b;
+    return st_alloc(bytes);
+}
+
+static void cpu_free(st_backend *b, void *p) {
+    (void)b;
+    st_free(p);
+}
+
+// Scratch for quantized activations, grown when a larger batch arrives (a session reserves
+// its largest batch up front, so this does not allocate while decoding).
+static void *scratch_get(st_backend *b, size_t bytes) {
+    if (bytes > b->scratch_bytes) {
+        st_free(b->scratch);
+        b->scratch = st_alloc(bytes);
+        ST_ASSERT(b->scratch); // reserved at session creation; failing here is a planning bug
+        b->scratch_bytes = bytes;
+    }
+    return b->scratch;
+}
+
+static void cpu_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
+    st_type dt = st_type_get(w->type)->dot_type;
+    size_t xs = st_row_bytes(dt, w->cols);
+    char *xq = scratch_get(b, xs * (size_t)n);
+    for (int i = 0; i < n; i++) st_quantize(dt, x + (size_t)i * w->cols, xq + i * xs, w->cols);
+    st_matmul_args a = {.type = w->type, .w = w->data, .n = w->cols, .rows = w->rows,
+                        .x = xq, .x_stride = xs, .nx = n, .y = y, .ldy = w->rows};
+    st_matmul(b->pool, &a);
+}
+
+static void cpu_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        ST_ASSERT(ids[i] >= 0 && ids[i] < w->rows);
+        st_dequantize(w->type, (const char *)w->data + (size_t)ids[i] * w->row_bytes,
+                      y + (size_t)i * w->cols, w->cols);
+    }
+}
+
+static void cpu_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d,
+                        float eps) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * d;
+        float *yi = y + (size_t)i * d;
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
+        float s = 1.0f / sqrtf((float)(ss / d) + eps);
+        for (int j = 0; j < d; j++) yi[j] = xi[j] * s * (w ? w[j] : 1.0f);
+    }
+}
+
+static void cpu_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * d;
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
+        float norm = sqrtf((float)ss);
+        float s = scale / (norm > eps ? norm : eps);
+        for (int j = 0; j < d; j++) xi[j] *= s;
+    }
+}
+
+static void cpu_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
+                     const int32_t *pos, float base) {
+    (void)b;
+    int half = n_rot / 2;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < half; k++) {
+            double theta = pos[i] * pow(base, -2.0 * k / n_rot);
+            float c = (float)cos(theta), s = (float)sin(theta);
+            for (int h = 0; h < n_head; h++) {
+                float *xh = x + ((size_t)i * n_head + h) * head_dim;
+                float x0 = xh[k], x1 = xh[k + half];
+                xh[k] = x0 * c - x1 * s;
+                xh[k + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+size_t st_kv_row_bytes(st_kv_type type, int n_values) {
+    switch (type) {
+    case ST_KV_F16: return (size_t)n_values * 2;
+    case ST_KV_Q8_0: return st_row_bytes(ST_TYPE_Q8_0, n_values);
+    case ST_KV_F32: return (size_t)n_values * 4;
+    }
+    return 0;
+}
+
+static st_type kv_st_type(st_kv_type t) {
+    return t == ST_KV_F16 ? ST_TYPE_F16 : t == ST_KV_Q8_0 ? ST_TYPE_Q8_0 : ST_TYPE_F32;
+}
+
+// Reads head h of cache row t into out (head_dim floats).
+static void kv_read(const st_kv_layer *kv, const void *base, int t, int h, float *out) {
+    const char *row = (const char *)base + (size_t)t * kv->row_bytes;
+    st_type ty = kv_st_type(kv->type);
+    size_t off = st_row_bytes(ty, (int64_t)h * kv->head_dim);
+    st_dequantize(ty, row + off, out, kv->head_dim);
+}
+
+typedef struct attn_job {
+    const st_attn_args *a;
+} attn_job;
+
+// One (row, head) pair per task, with an online softmax so no score buffer is needed.
+static void attn_worker(void *ctx, int ith, int nth) {
+    const st_attn_args *a = ((attn_job *)ctx)->a;
+    const st_kv_layer *kv = a->kv;
+    int d = kv->head_dim, group = a->n_head / kv->n_head_kv;
+    float kr[512], vr[512], acc[512];
+    ST_ASSERT(d <= 512);
+    for (int task = ith; task < a->n * a->n_head; task += nth) {
+        int i = task / a->n_head, h = task % a->n_head, hk = h / group;
+        const float *q = a->q + ((size_t)i * a->n_head + h) * d;
+        float m = -INFINITY, l = 0;
+        for (int j = 0; j < d; j++) acc[j] = 0;
+        for (int t = 0; t <= a->pos0 + i; t++) {
+            kv_read(kv, kv->k, t, hk, kr);
+            float s = 0;
+            for (int j = 0; j < d; j++) s += q[j] * kr[j];
+            s *= a->scale;
+            kv_read(kv, kv->v, t, hk, vr);
+            if (s > m) {
+                float c = expf(m - s);
+                l *= c;
+                for (int j = 0; j < d; j++) acc[j] *= c;
+                m = s;
+            }
+            float p = expf(s - m);
+            l += p;
+            for (int j = 0; j < d; j++) acc[j] += p * vr[j];
+        }
+        float *o = a->out + ((size_t)i * a->n_head + h) * d;
+        for (int j = 0; j < d; j++) o[j] = acc[j] / l;
+    }
+}
+
+static void cpu_attention(st_backend *b, const st_attn_args *a) {
+    st_kv_layer *kv = a->kv;
+    int nv = kv->n_head_kv * kv->head_dim;
+    ST_ASSERT(a->pos0 >= 0 && a->pos0 + a->n <= kv->n_ctx);
+    st_type ty = kv_st_type(kv->type);
+    for (int i = 0; i < a->n; i++) {
+        size_t off = (size_t)(a->pos0 + i) * kv->row_bytes;
+        st_quantize(ty, a->k + (size_t)i * nv, (char *)kv->k + off, nv);
+        st_quantize(ty, a->v + (size_t)i * nv, (char *)kv->v + off, nv);
+    }
+    attn_job job = {a};
+    st_pool_run(b->pool, attn_worker, &job);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet
+
+static void cpu_conv(st_backend *b, const st_conv_args *a) {
+    (void)b;
+    int K = a->kernel, C = a->channels;
+    for (int t = 0; t < a->n; t++) {
+        for (int c = 0; c < C; c++) {
+            float s = 0;
+            for (int j = 0; j < K; j++) {
+                int src = t - (K - 1) + j; // < 0: from the state
+                float xv = src >= 0 ? a->x[(size_t)src * C + c] : a->state[(size_t)(K - 1 + src) * C + c];
+                s += a->w[(size_t)c * K + j] * xv;
+            }
+            a->y[(size_t)t * C + c] = s / (1.0f + expf(-s));
+        }
+    }
+    // The new state: the last K-1 raw rows of [state; x].
+    for (int r = 0; r < K - 1; r++) {
+        int src = a->n - (K - 1) + r;
+        float *dst = a->state + (size_t)r * C;
+        if (src >= 0) memcpy(dst, a->x + (size_t)src * C, sizeof(float) * C);
+        else memmove(dst, a->state + (size_t)(K - 1 + src) * C, sizeof(float) * C);
+    }
+}
+
+typedef struct gdn_job {
+    const st_gdn_args *a;
+} gdn_job;
+
+// One value head per task: S ← e^g S; m = S k; S ← S + k (β (v − m))ᵀ; o = S q, rows of S being
+// value indices with contiguous key dims.
+static void gdn_worker(void *ctx, int ith, int nth) {
+    const st_gdn_args *a = ((gdn_job *)ctx)->a;
+    int d = a->d, r = a->h_v / a->h_k;
+    for (int j = ith; j < a->h_v; j += nth) {
+        float *S = a->state + (size_t)j * d * d;
+        for (int t = 0; t < a->n; t++) {
+            const float *q = a->q + ((size_t)t * a->h_k + j / r) * d;
+            const float *k = a->k + ((size_t)t * a->h_k + j / r) * d;
+            const float *v = a->v + ((size_t)t * a->h_v + j) * d;
+            float beta = a->beta[(size_t)t * a->h_v + j];
+            float decay = expf(a->g[(size_t)t * a->h_v + j]);
+            float *o = a->out + ((size_t)t * a->h_v + j) * d;
+            for (int vi = 0; vi < d; vi++) {
+                float *row = S + (size_t)vi * d;
+                float m = 0;
+                for (int ki = 0; ki < d; ki++) {
+                    row[ki] *= decay;
+                    m += row[ki] * k[ki];
+                }
+                float delta = beta * (v[vi] - m), out = 0;
+                for (int ki = 0; ki < d; ki++) {
+                    row[ki] += k[ki] * delta;
+                    out += row[ki] * q[ki];
+                }
+                o[vi] = out;
+            }
+        }
+    }
+}
+
+static void cpu_gdn(st_backend *b, const st_gdn_args *a) {
+    gdn_job job = {a};
+    st_pool_run(b->pool, gdn_worker, &job);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise
+
+static void cpu_add(st_backend *b, float *y, const float *x, int64_t n) {
+    (void)b;
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_swiglu(st_backend *b, const float *gate, const float *up, float *y, int64_t n) {
+    (void)b;
+    for (int64_t i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void cpu_mul_sigmoid(st_backend *b, float *y, const float *gate, int64_t n) {
+    (void)b;
+    for (int64_t i = 0; i < n; i++) y[i] *= 1.0f / (1.0f + expf(-gate[i]));
+}
+
+static void cpu_mul_silu(st_backend *b, float *y, const float *gate, int64_t n) {
+    (void)b;
+    for (int64_t i = 0; i < n; i++) y[i] *= gate[i] / (1.0f + expf(-gate[i]));
+}
+
+static void cpu_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-g[i]));
+        for (int j = 0; j < d; j++) y[(size_t)i * d + j] += s * x[(size_t)i * d + j];
+    }
+}
+
+// softplus as PyTorch computes it: linear above 20.
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void cpu_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, const float *dt_bias,
+                          float *beta, float *g, int n, int h_k, int h_v) {
+    (void)b;
+    int r = h_v / h_k;
+    for (int i = 0; i < n; i++) {
+        const float *row = ba + (size_t)i * 2 * h_v;
+        for (int j = 0; j < h_v; j++) {
+            int grp = j / r, w = j % r;
+            float bj = row[grp * 2 * r + w], aj = row[grp * 2 * r + r + w];
+            beta[(size_t)i * h_v + j] = 1.0f / (1.0f + expf(-bj));
+            g[(size_t)i * h_v + j] = ssm_a[j] * softplus(aj + dt_bias[j]);
+        }
+    }
+}
+
+static void cpu_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int heads,
+                            int a, int bdim) {
+    (void)b;
+    for (int i = 0; i < n * heads; i++) {
+        memcpy(ya + (size_t)i * a, x + (size_t)i * (a + bdim), sizeof(float) * a);
+        memcpy(yb + (size_t)i * bdim, x + (size_t)i * (a + bdim) + a, sizeof(float) * bdim);
+    }
+}
+
+static void cpu_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t x_from, float *y,
+                          int64_t ldy, int64_t y_from, int n, int64_t w) {
+    (void)b;
+    for (int i = 0; i < n; i++)
+        memcpy(y + (size_t)i * ldy + y_from, x + (size_t)i * ldx + x_from, sizeof(float) * w);
+}
+
+static void cpu_copy(st_backend *b, float *dst, const float *src, int64_t n) {
+    (void)b;
+    memmove(dst, src, sizeof(float) * n);
+}
+
+static void cpu_bytes_copy(st_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    memmove(dst, src, bytes);
+}
+
+static const st_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .matmul = cpu_matmul,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .l2norm = cpu_l2norm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .conv = cpu_conv,
+    .gdn = cpu_gdn,
+    .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .mul_sigmoid = cpu_mul_sigmoid,
+    .mul_silu = cpu_mul_silu,
+    .add_gated_rows = cpu_add_gated_rows,
+    .gdn_gates = cpu_gdn_gates,
+    .split_heads = cpu_split_heads,
+    .copy_cols = cpu_copy_cols,
+    .copy = cpu_copy,
+    .to_host = cpu_bytes_copy,
+    .from_host = cpu_bytes_copy,
+};
+
+st_status st_backend_cpu_create(int n_threads, st_backend **out) {
+    *out = NULL;
+    if (n_threads < 1) return st_fail(ST_ERR_ARG, "threads: %d (must be at least 1)", n_threads);
+    st_backend *b = st_calloc(1, sizeof *b);
+    if (!b) return ST_ERR_NOMEM;
+    b->ops = &cpu_ops;
+    b->pool = st_pool_create(n_threads);
+    if (!b->pool) {
+        st_free(b);
+        return st_fail(ST_ERR_NOMEM, "cannot start %d CPU threads", n_threads);
+    }
+    *out = b;
+    return ST_OK;
+}
+
+void st_backend_free(st_backend *b) {
+    if (!b) return;
+    st_pool_free(b->pool);
+    st_free(b->scratch);
+    st_free(b);
+}

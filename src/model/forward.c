@@ -1,0 +1,367 @@
+// model: the per-sequence state and the forward of both architectures over a batch of rows.
+// Written once over the backend ops; the experts module decides where each expert runs.
+//
+//   qwen3moe:  h = x + Attn(norm(x));           out = h + MoE(norm(h))
+//   qwen3next: h = x + Mixer(norm(x));          out = h + MoE(norm(h)) + shared expert
+//              Mixer = gated attention every full_attention_interval-th layer, else DeltaNet
+
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+
+// Calls an op of the state's backend.
+#define OP(op, ...) s->b->ops->op(s->b, __VA_ARGS__)
+
+struct st_state {
+    const st_model *m;
+    st_backend *b;
+    st_experts *ex;
+    int n_ctx, n_batch, pos;
+    st_kv_layer *kv;          // (n_layer + n_mtp), used by attention layers
+    float **conv;             // (n_layer) (K-1, conv_dim) for DeltaNet layers, else NULL
+    float **ssm;              // (n_layer) (h_v, d, d) for DeltaNet layers, else NULL
+    size_t bytes;
+    // Activations for n_batch rows (backend memory).
+    float *x, *xn, *y;        // (n_batch, n_embd)
+    float *big;               // (n_batch, max projection width): q+gate, qkv, ssm_in
+    float *qkv;               // (n_batch, conv_dim) raw DeltaNet input
+    float *q, *k, *v, *gate;  // (n_batch, widest head set); q also holds the conv output
+    float *qh;                // (n_batch, widest head set) DeltaNet queries
+    float *att;               // (n_batch, widest head set)
+    float *beta, *g;          // (n_batch, h_v)
+    float *ba;                // (n_batch, 2 h_v)
+    float *logits_r;          // (n_batch, n_expert) router logits
+    float *sh_g, *sh_u;       // (n_batch, n_ff_shexp)
+    float *sh_s;              // (n_batch) shared expert gate logits
+    int32_t *ids, *pos_ids;   // (n_batch, k), (n_batch)
+    float *weights;           // (n_batch, k)
+};
+
+static int conv_dim(const st_hparams *hp) { return 2 * hp->ssm_h_k * hp->ssm_d + hp->ssm_h_v * hp->ssm_d; }
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+int st_state_pos(const st_state *s) { return s->pos; }
+size_t st_state_bytes(const st_state *s) { return s->bytes; }
+
+static void *take(st_state *s, size_t bytes, st_status *err) {
+    if (*err) return NULL;
+    void *p = s->b->ops->alloc(s->b, bytes ? bytes : 1);
+    if (!p) {
+        *err = ST_ERR_NOMEM;
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    s->bytes += bytes;
+    return p;
+}
+
+st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out) {
+    *out = NULL;
+    const st_hparams *hp = &m->hp;
+    if (p->n_ctx < 1) return st_fail(ST_ERR_ARG, "context size %d: must be at least 1", p->n_ctx);
+    if (p->n_batch < 1) return st_fail(ST_ERR_ARG, "batch size %d: must be at least 1", p->n_batch);
+    st_state *s = st_calloc(1, sizeof *s);
+    if (!s) return ST_ERR_NOMEM;
+    s->m = m;
+    s->b = b;
+    s->n_ctx = p->n_ctx;
+    s->n_batch = p->n_batch;
+    st_status err = st_experts_create(m->placement, &s->ex);
+    int n_total = hp->n_layer + hp->n_mtp;
+    s->kv = st_calloc((size_t)n_total, sizeof(st_kv_layer));
+    s->conv = st_calloc((size_t)n_total, sizeof(float *));
+    s->ssm = st_calloc((size_t)n_total, sizeof(float *));
+    if (!err && (!s->kv || !s->conv || !s->ssm)) err = ST_ERR_NOMEM;
+    int kv_values = hp->n_head_kv * hp->head_dim;
+    for (int i = 0; i < n_total && !err; i++) {
+        if (m->layers[i].recurrent) {
+            s->conv[i] = take(s, sizeof(float) * (size_t)(hp->ssm_kernel - 1) * conv_dim(hp), &err);
+            s->ssm[i] = take(s, sizeof(float) * (size_t)hp->ssm_h_v * hp->ssm_d * hp->ssm_d, &err);
+        } else {
+            st_kv_layer *kv = &s->kv[i];
+            kv->type = p->kv_type;
+            kv->n_ctx = p->n_ctx;
+            kv->n_head_kv = hp->n_head_kv;
+            kv->head_dim = hp->head_dim;
+            kv->row_bytes = st_kv_row_bytes(p->kv_type, kv_values);
+            kv->k = take(s, kv->row_bytes * (size_t)p->n_ctx, &err);
+            kv->v = take(s, kv->row_bytes * (size_t)p->n_ctx, &err);
+        }
+    }
+    if (err) {
+        size_t need = (size_t)n_total * 2 * st_kv_row_bytes(p->kv_type, kv_values) * (size_t)p->n_ctx;
+        st_state_free(s);
+        return st_fail(ST_ERR_NOMEM, "cannot allocate the KV cache and state for %d positions (about %.1f MiB; "
+                       "%.1f MiB of RAM available): lower --ctx", p->n_ctx, need / 1048576.0,
+                       st_ram_available() / 1048576.0);
+    }
+    size_t nb = (size_t)p->n_batch, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    int heads = imax(hp->n_head * hp->head_dim, hp->ssm_h_v * hp->ssm_d);
+    int big = imax(hp->n_head * hp->head_dim * 2, conv_dim(hp) + hp->ssm_h_v * hp->ssm_d);
+    s->x = take(s, sizeof(float) * nb * hp->n_embd, &err);
+    s->xn = take(s, sizeof(float) * nb * hp->n_embd, &err);
+    s->y = take(s, sizeof(float) * nb * hp->n_embd, &err);
+    s->big = take(s, sizeof(float) * nb * big, &err);
+    s->q = take(s, sizeof(float) * nb * imax(heads, conv_dim(hp)), &err);
+    s->qkv = take(s, sizeof(float) * nb * imax(conv_dim(hp), 1), &err);
+    s->qh = take(s, sizeof(float) * nb * heads, &err);
+    s->k = take(s, sizeof(float) * nb * heads, &err);
+    s->v = take(s, sizeof(float) * nb * heads, &err);
+    s->gate = take(s, sizeof(float) * nb * heads, &err);
+    s->att = take(s, sizeof(float) * nb * heads, &err);
+    s->beta = take(s, sizeof(float) * nb * imax(hp->ssm_h_v, 1), &err);
+    s->g = take(s, sizeof(float) * nb * imax(hp->ssm_h_v, 1), &err);
+    s->ba = take(s, sizeof(float) * nb * imax(2 * hp->ssm_h_v, 1), &err);
+    s->logits_r = take(s, sizeof(float) * nb * E, &err);
+    s->sh_g = take(s, sizeof(float) * nb * imax(hp->n_ff_shexp, 1), &err);
+    s->sh_u = take(s, sizeof(float) * nb * imax(hp->n_ff_shexp, 1), &err);
+    s->sh_s = take(s, sizeof(float) * nb, &err);
+    s->ids = take(s, sizeof(int32_t) * nb * K, &err);
+    s->weights = take(s, sizeof(float) * nb * K, &err);
+    s->pos_ids = take(s, sizeof(int32_t) * nb, &err);
+    if (err) {
+        st_state_free(s);
+        return st_fail(ST_ERR_NOMEM, "cannot allocate activation buffers for a batch of %d rows", p->n_batch);
+    }
+    *out = s;
+    return ST_OK;
+}
+
+void st_state_free(st_state *s) {
+    if (!s) return;
+    int n_total = s->m->hp.n_layer + s->m->hp.n_mtp;
+    for (int i = 0; s->kv && i < n_total; i++) {
+        s->b->ops->free(s->b, s->kv[i].k);
+        s->b->ops->free(s->b, s->kv[i].v);
+        if (s->conv) s->b->ops->free(s->b, s->conv[i]);
+        if (s->ssm) s->b->ops->free(s->b, s->ssm[i]);
+    }
+    float *bufs[] = {s->x, s->xn, s->y, s->big, s->qkv, s->qh, s->q, s->k, s->v, s->gate, s->att, s->beta, s->g,
+                     s->ba, s->logits_r, s->sh_g, s->sh_u, s->sh_s, s->weights};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->b->ops->free(s->b, bufs[i]);
+    s->b->ops->free(s->b, s->ids);
+    s->b->ops->free(s->b, s->pos_ids);
+    st_free(s->kv);
+    st_free(s->conv);
+    st_free(s->ssm);
+    st_experts_free(s->ex);
+    st_free(s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks
+
+// Attention (qwen3moe) or gated attention (qwen3next) of n rows: xn -> y.
+static void attention(st_state *s, int il, const st_layer *l, int n) {
+    const st_hparams *hp = &s->m->hp;
+    int H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim;
+    bool gated = hp->arch == ST_ARCH_QWEN3NEXT;
+    if (gated) { // q projection holds [query | gate] per head
+        OP(matmul, &l->wq, s->xn, n, s->big);
+        OP(split_heads, s->big, s->q, s->gate, n, H, hd, hd);
+    } else {
+        OP(matmul, &l->wq, s->xn, n, s->q);
+    }
+    OP(matmul, &l->wk, s->xn, n, s->k);
+    OP(matmul, &l->wv, s->xn, n, s->v);
+    OP(rmsnorm, s->q, l->q_norm, s->q, n * H, hd, hp->eps);
+    OP(rmsnorm, s->k, l->k_norm, s->k, n * Hkv, hd, hp->eps);
+    OP(rope, s->q, n, H, hd, hp->n_rot, s->pos_ids, hp->rope_base);
+    OP(rope, s->k, n, Hkv, hd, hp->n_rot, s->pos_ids, hp->rope_base);
+    st_attn_args a = {.kv = &s->kv[il], .q = s->q, .k = s->k, .v = s->v, .out = s->att,
+                      .n = n, .pos0 = s->pos, .n_head = H, .scale = 1.0f / sqrtf((float)hd)};
+    OP(attention, &a);
+    if (gated) OP(mul_sigmoid, s->att, s->gate, (int64_t)n * H * hd);
+    OP(matmul, &l->wo, s->att, n, s->y);
+}
+
+// Gated DeltaNet (qwen3next) of n rows: xn -> y.
+static void deltanet(st_state *s, int il, const st_layer *l, int n) {
+    const st_hparams *hp = &s->m->hp;
+    int d = hp->ssm_d, hk = hp->ssm_h_k, hv = hp->ssm_h_v, r = hv / hk;
+    int kd = hk * d, vd = hv * d, cd = conv_dim(hp);
+    float *z = s->gate, *u = s->q;
+    if (l->wqkv.data) {
+        OP(matmul, &l->wqkv, s->xn, n, s->qkv);
+        OP(matmul, &l->wz, s->xn, n, z);
+    } else { // legacy ssm_in: per key head g, [q_g, k_g, v (r heads), z (r heads)]
+        int gw = 2 * d + 2 * r * d;
+        OP(matmul, &l->w_ssm_in, s->xn, n, s->big);
+        for (int g = 0; g < hk; g++) {
+            int64_t src = (int64_t)g * gw;
+            OP(copy_cols, s->big, cd + vd, src, s->qkv, cd, (int64_t)g * d, n, d);
+            OP(copy_cols, s->big, cd + vd, src + d, s->qkv, cd, kd + (int64_t)g * d, n, d);
+            OP(copy_cols, s->big, cd + vd, src + 2 * d, s->qkv, cd, 2 * kd + (int64_t)g * r * d, n, r * d);
+            OP(copy_cols, s->big, cd + vd, src + 2 * d + r * d, z, vd, (int64_t)g * r * d, n, r * d);
+        }
+    }
+    st_conv_args ca = {.x = s->qkv, .w = l->conv, .state = s->conv[il], .y = u, .n = n,
+                       .channels = cd, .kernel = hp->ssm_kernel};
+    OP(conv, &ca);
+    OP(copy_cols, u, cd, 0, s->qh, kd, 0, n, kd);
+    OP(copy_cols, u, cd, kd, s->k, kd, 0, n, kd);
+    OP(copy_cols, u, cd, 2 * kd, s->v, vd, 0, n, vd);
+    OP(l2norm, s->qh, n * hk, d, hp->eps, 1.0f / sqrtf((float)d));
+    OP(l2norm, s->k, n * hk, d, hp->eps, 1.0f);
+    OP(matmul, &l->wba, s->xn, n, s->ba);
+    OP(gdn_gates, s->ba, l->ssm_a, l->dt_bias, s->beta, s->g, n, hk, hv);
+    st_gdn_args ga = {.q = s->qh, .k = s->k, .v = s->v, .beta = s->beta, .g = s->g,
+                      .state = s->ssm[il], .out = s->att, .n = n, .h_k = hk, .h_v = hv, .d = d};
+    OP(gdn, &ga);
+    OP(rmsnorm, s->att, l->ssm_norm, s->att, n * hv, d, hp->eps);
+    OP(mul_silu, s->att, z, (int64_t)n * vd);
+    OP(matmul, &l->wout, s->att, n, s->y);
+}
+
+// Routed experts plus the shared expert (when the model has one) of n rows: xn -> y.
+static st_status moe(st_state *s, int il, const st_layer *l, int n) {
+    const st_hparams *hp = &s->m->hp;
+    int E = hp->n_expert, K = hp->n_expert_used;
+    OP(matmul, &l->router, s->xn, n, s->logits_r);
+    st_moe_route(s->logits_r, n, E, K, s->ids, s->weights);
+    st_moe_args ma = {.layer = il, .gate = &l->gate_exps, .up = &l->up_exps, .down = &l->down_exps,
+                      .x = s->xn, .ids = s->ids, .weights = s->weights, .n = n, .k = K, .y = s->y};
+    ST_TRY(st_experts_compute(s->ex, s->b, &ma));
+    if (hp->n_ff_shexp > 0) {
+        st_mat gate_inp = {ST_TYPE_F32, hp->n_embd, 1, sizeof(float) * hp->n_embd, l->sh_gate_inp};
+        OP(matmul, &l->sh_gate, s->xn, n, s->sh_g);
+        OP(matmul, &l->sh_up, s->xn, n, s->sh_u);
+        OP(swiglu, s->sh_g, s->sh_u, s->sh_g, (int64_t)n * hp->n_ff_shexp);
+        OP(matmul, &l->sh_down, s->sh_g, n, s->att);
+        OP(matmul, &gate_inp, s->xn, n, s->sh_s);
+        OP(add_gated_rows, s->y, s->att, s->sh_s, n, hp->n_embd);
+    }
+    return ST_OK;
+}
+
+// One decoder layer on s->x (n rows), in place.
+static st_status layer(st_state *s, int il, int n) {
+    const st_hparams *hp = &s->m->hp;
+    const st_layer *l = &s->m->layers[il];
+    OP(rmsnorm, s->x, l->attn_norm, s->xn, n, hp->n_embd, hp->eps);
+    if (l->recurrent) deltanet(s, il, l, n);
+    else attention(s, il, l, n);
+    OP(add, s->x, s->y, (int64_t)n * hp->n_embd);
+    OP(rmsnorm, s->x, l->ffn_norm, s->xn, n, hp->n_embd, hp->eps);
+    ST_TRY(moe(s, il, l, n));
+    OP(add, s->x, s->y, (int64_t)n * hp->n_embd);
+    return ST_OK;
+}
+
+st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens, int n,
+                           const st_forward_out *out) {
+    const st_hparams *hp = &m->hp;
+    if (n < 1 || n > s->n_batch)
+        return st_fail(ST_ERR_ARG, "forward of %d rows: must be 1 .. %d (the batch size)", n, s->n_batch);
+    if (s->pos + n > s->n_ctx)
+        return st_fail(ST_ERR_RANGE, "the context is full: %d positions used, %d more asked, %d available",
+                       s->pos, n, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return st_fail(ST_ERR_ARG, "token id %d at row %d is outside the vocabulary (0 .. %d)",
+                           tokens[i], i, hp->n_vocab - 1);
+    int32_t pos_host[n];
+    for (int i = 0; i < n; i++) pos_host[i] = s->pos + i;
+    s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
+
+    OP(get_rows, &m->tok_embd, tokens, n, s->x);
+    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, n));
+    OP(rmsnorm, s->x, m->output_norm, s->xn, n, hp->n_embd, hp->eps);
+    if (out && out->hidden)
+        s->b->ops->to_host(s->b, out->hidden, s->xn, sizeof(float) * (size_t)n * hp->n_embd);
+    if (out && out->logits) {
+        // The head row by row into the caller's buffer (host memory on the CPU backend).
+        int first = out->want_all ? 0 : n - 1;
+        for (int i = first; i < n; i += s->n_batch) {
+            int rows = n - i < s->n_batch ? n - i : s->n_batch;
+            OP(matmul, &m->output, s->xn + (size_t)i * hp->n_embd, rows,
+               out->logits + (size_t)(i - first) * hp->n_vocab);
+        }
+    }
+    s->pos += n;
+    return ST_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots: the KV rows in use and the recurrent state, copied to host memory.
+
+struct st_snapshot {
+    int pos;
+    size_t bytes;
+    char *data;
+};
+
+// Visits every piece of state (KV rows up to pos, conv and delta-rule state) in a fixed order.
+typedef void (*state_fn)(void *ctx, void *state_ptr, size_t bytes);
+static void state_walk(const st_state *s, int pos, state_fn fn, void *ctx) {
+    const st_hparams *hp = &s->m->hp;
+    for (int i = 0; i < hp->n_layer + hp->n_mtp; i++) {
+        if (s->conv[i]) {
+            fn(ctx, s->conv[i], sizeof(float) * (size_t)(hp->ssm_kernel - 1) * conv_dim(hp));
+            fn(ctx, s->ssm[i], sizeof(float) * (size_t)hp->ssm_h_v * hp->ssm_d * hp->ssm_d);
+        } else {
+            fn(ctx, s->kv[i].k, s->kv[i].row_bytes * (size_t)pos);
+            fn(ctx, s->kv[i].v, s->kv[i].row_bytes * (size_t)pos);
+        }
+    }
+}
+
+typedef struct walk_ctx {
+    const st_state *s;
+    char *p;
+    size_t bytes;
+    bool save;
+} walk_ctx;
+
+static void count_fn(void *ctx, void *ptr, size_t bytes) {
+    (void)ptr;
+    ((walk_ctx *)ctx)->bytes += bytes;
+}
+
+static void copy_fn(void *ctx, void *ptr, size_t bytes) {
+    walk_ctx *w = ctx;
+    st_backend *b = w->s->b;
+    if (w->save) b->ops->to_host(b, w->p, ptr, bytes);
+    else b->ops->from_host(b, ptr, w->p, bytes);
+    w->p += bytes;
+}
+
+st_status st_state_save(const st_state *s, st_snapshot **out) {
+    *out = NULL;
+    walk_ctx w = {.s = s};
+    state_walk(s, s->pos, count_fn, &w);
+    st_snapshot *snap = st_calloc(1, sizeof *snap);
+    if (!snap) return ST_ERR_NOMEM;
+    snap->data = st_alloc(w.bytes);
+    if (!snap->data) {
+        st_free(snap);
+        return st_fail(ST_ERR_NOMEM, "snapshot of %zu bytes: out of memory", w.bytes);
+    }
+    snap->pos = s->pos;
+    snap->bytes = w.bytes;
+    w.p = snap->data;
+    w.save = true;
+    state_walk(s, s->pos, copy_fn, &w);
+    *out = snap;
+    return ST_OK;
+}
+
+st_status st_state_restore(st_state *s, const st_snapshot *snap) {
+    walk_ctx w = {.s = s};
+    state_walk(s, snap->pos, count_fn, &w);
+    if (w.bytes != snap->bytes || snap->pos > s->n_ctx)
+        return st_fail(ST_ERR_ARG, "snapshot does not match this state (%zu bytes at position %d)", snap->bytes, snap->pos);
+    w.p = snap->data;
+    w.save = false;
+    state_walk(s, snap->pos, copy_fn, &w);
+    s->pos = snap->pos;
+    return ST_OK;
+}
+
+void st_snapshot_free(st_snapshot *snap) {
+    if (!snap) return;
+    st_free(snap->data);
+    st_free(snap);
+}
