@@ -34,6 +34,29 @@ echo "test: integration tests (pytest)"
 rc=$?
 [ $rc = 0 ] || [ $rc = 5 ] || failed_steps=$((failed_steps+1))
 
+# A bounded libFuzzer run of the GGUF reader (clang build in build-fuzz/), counted as one test
+# case; new inputs go to tests/fuzz/corpus-run/ (ignored), the seeds stay untouched. See
+# docs/TESTING.md for long runs.
+echo "test: fuzzing the GGUF reader (build-fuzz/, ${STRATA_FUZZ_RUNS:=20000} runs)"
+fuzz_log="$RESULTS/fuzz_gguf.log"
+fuzz_ok=0
+if [ ! -f build-fuzz/CMakeCache.txt ]; then
+  CC=clang cmake -S . -B build-fuzz $GEN -DCMAKE_BUILD_TYPE=Debug -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF >"$fuzz_log" 2>&1
+fi
+if cmake --build build-fuzz --target fuzz_gguf -j"$(nproc)" >>"$fuzz_log" 2>&1; then
+  mkdir -p tests/fuzz/corpus-run/gguf
+  build-fuzz/fuzz_gguf -runs="$STRATA_FUZZ_RUNS" -max_total_time=120 -max_len=4096 -artifact_prefix="$RESULTS/" \
+    tests/fuzz/corpus-run/gguf tests/fuzz/corpus/gguf >>"$fuzz_log" 2>&1 && fuzz_ok=1
+fi
+.venv/bin/python - "$RESULTS/fuzz.xml" "$fuzz_log" "$fuzz_ok" <<'PY'
+import sys
+from xml.sax.saxutils import escape
+out, log, ok = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+body = "" if ok else f'<failure message="fuzz_gguf failed">{escape(open(log, errors="replace").read()[-4000:])}</failure>'
+open(out, "w").write(f'<testsuite name="fuzz"><testcase classname="fuzz" name="fuzz_gguf">{body}</testcase></testsuite>\n')
+PY
+[ $fuzz_ok = 1 ] || { tail -20 "$fuzz_log"; failed_steps=$((failed_steps+1)); }
+
 .venv/bin/python - "$RESULTS" "$failed_steps" <<'PY'
 import sys, glob, xml.etree.ElementTree as ET
 passed = failed = skipped = 0

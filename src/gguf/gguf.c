@@ -495,9 +495,9 @@ static st_status parse_file(gfile *f, const char *name, const uint8_t *base, siz
     f->alignment = ST_GGUF_DEFAULT_ALIGNMENT;
     const st_gguf_kv *al = gfile_kv(f, "general.alignment");
     if (al) {
-        size_t esz = st_gguf_vtype_size(al->type);
         bool is_int = al->type <= ST_GGUF_I32 || al->type == ST_GGUF_U64 || al->type == ST_GGUF_I64;
-        uint64_t v = is_int ? st_gguf_le(al->value, (int)esz) : 0;
+        uint64_t v;
+        if (!st_gguf_uint_value(al->type, al->value, &v)) v = 0; // negative: reported as not a power of two
         size_t at = (size_t)(al->value - base);
         if (!is_int)
             return st_fail(ST_ERR_FORMAT, "%s: key 'general.alignment' (value at byte %zu) is a %s, not an integer",
@@ -698,23 +698,17 @@ static bool split_name(const char *path, size_t *prefix, int *no, int *count) {
     return *count >= 1 && *no >= 1 && *no <= *count;
 }
 
-static bool kv_uint(const st_gguf_kv *kv, uint64_t *v) {
-    switch (kv->type) {
-    case ST_GGUF_U8: case ST_GGUF_U16: case ST_GGUF_U32: case ST_GGUF_U64:
-        *v = st_gguf_le(kv->value, (int)st_gguf_vtype_size(kv->type));
-        return true;
-    case ST_GGUF_I8: case ST_GGUF_I16: case ST_GGUF_I32: case ST_GGUF_I64: {
-        int n = (int)st_gguf_vtype_size(kv->type);
-        uint64_t u = st_gguf_le(kv->value, n);
-        if (n < 8 && (u >> (8 * n - 1))) return false; // negative
-        if (n == 8 && (u >> 63)) return false;
-        *v = u;
-        return true;
-    }
-    default:
-        return false;
-    }
+bool st_gguf_uint_value(st_gguf_vtype t, const uint8_t *p, uint64_t *v) {
+    bool is_signed = t == ST_GGUF_I8 || t == ST_GGUF_I16 || t == ST_GGUF_I32 || t == ST_GGUF_I64;
+    if (!is_signed && t != ST_GGUF_U8 && t != ST_GGUF_U16 && t != ST_GGUF_U32 && t != ST_GGUF_U64) return false;
+    int n = (int)st_gguf_vtype_size(t);
+    uint64_t u = st_gguf_le(p, n);
+    if (is_signed && (u >> (8 * n - 1))) return false; // negative
+    *v = u;
+    return true;
 }
+
+static bool kv_uint(const st_gguf_kv *kv, uint64_t *v) { return st_gguf_uint_value(kv->type, kv->value, v); }
 
 // Checks split.no / split.count / split.tensors.count of every shard against the file names.
 static st_status check_split(st_gguf *g, gfile *files) {

@@ -116,11 +116,9 @@ static st_status add_encoded(st_gguf_writer *w, const char *key, buf *b) {
     else if (kv_index(w, key) >= 0) s = st_fail(ST_ERR_ARG, "gguf writer: duplicate key '%s'", key);
     if (s == ST_OK && !strcmp(key, "general.alignment")) {
         // The value decides the file's alignment, so it must be an integer power of two.
-        st_gguf_vtype t = (st_gguf_vtype)st_gguf_le(b->p, 4);
-        size_t sz = st_gguf_vtype_size(t);
-        bool is_int = t <= ST_GGUF_I32 || t == ST_GGUF_U64 || t == ST_GGUF_I64;
-        uint64_t v = is_int ? st_gguf_le(b->p + 4, (int)sz) : 0;
-        if (!is_int || !pow2(v) || v > ST_GGUF_MAX_ALIGNMENT)
+        uint64_t v = 0;
+        if (!st_gguf_uint_value((st_gguf_vtype)st_gguf_le(b->p, 4), b->p + 4, &v) || !pow2(v) ||
+            v > ST_GGUF_MAX_ALIGNMENT)
             s = st_fail(ST_ERR_ARG, "gguf writer: general.alignment must be an integer power of two <= %u",
                         ST_GGUF_MAX_ALIGNMENT);
         else w->alignment = (uint32_t)v;
