@@ -20,6 +20,7 @@ static const cmd cmds[] = {
     {"bench", st_cmd_bench, "benchmarks (bench kernels, ...)"},
     {"tokenize", st_cmd_tokenize, "text to token ids (GGUF or tokenizer.json)"},
     {"detokenize", st_cmd_detokenize, "token ids to text"},
+    {"template", st_cmd_template, "render a chat template with messages and tools"},
 };
 #define N_CMDS (int)(sizeof cmds / sizeof cmds[0])
 
