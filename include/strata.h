@@ -27,6 +27,8 @@ typedef struct strata_model_info {
     const char *arch;   // "qwen3moe" / "qwen3next"
     int n_vocab, n_embd, n_layer, n_ctx_train, n_expert, n_expert_used;
     bool has_mtp;
+    uint64_t file_bytes;        // the GGUF's size (all shards)
+    uint64_t decode_bytes;      // weight bytes one decoded token reads (dense + k experts a layer + head)
 } strata_model_info;
 
 strata_status strata_model_open(const strata_model_params *p, strata_model **out);

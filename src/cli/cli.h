@@ -13,6 +13,11 @@ int st_cmd_inspect(int argc, char **argv);
 int st_cmd_tensor(int argc, char **argv);
 int st_cmd_bench(int argc, char **argv);
 int st_cmd_eval(int argc, char **argv);
+int st_bench_model(int argc, char **argv);     // bench_model.c: `strata bench -m FILE`
+// Shared by the benchmarks (cmd_bench.c): memory-read GB/s with n threads (a streaming sum over
+// a buffer far larger than the caches), and the commit the binary was built from.
+double st_bench_read_gbs(int n_threads);
+void st_bench_commit(char *buf, size_t size);
 int st_cmd_tokenize(int argc, char **argv);   // cmd_tokenize.c
 int st_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
 int st_cmd_template(int argc, char **argv);   // cmd_template.c

@@ -46,12 +46,32 @@ void strata_model_close(strata_model *m) {
     st_free(m);
 }
 
+static uint64_t mat_bytes(const st_mat *w) { return w->data ? (uint64_t)w->row_bytes * w->rows : 0; }
+
+// Weight bytes one decoded token reads: every dense matrix of the main layers, k of the E
+// experts per layer, one embedding row and the head (the MTP layer is not counted).
+static uint64_t decode_bytes(const st_model *m) {
+    const st_hparams *hp = &m->hp;
+    uint64_t b = m->tok_embd.row_bytes + mat_bytes(&m->output);
+    for (int i = 0; i < hp->n_layer; i++) {
+        const st_layer *l = &m->layers[i];
+        const st_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->wqkv, &l->wz, &l->w_ssm_in, &l->wba,
+                                &l->wout, &l->router, &l->sh_gate, &l->sh_up, &l->sh_down};
+        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) b += mat_bytes(mats[j]);
+        b += (uint64_t)hp->n_expert_used *
+             (l->gate_exps.rows * l->gate_exps.row_bytes + l->up_exps.rows * l->up_exps.row_bytes +
+              l->down_exps.rows * l->down_exps.row_bytes);
+    }
+    return b;
+}
+
 strata_model_info strata_model_get_info(const strata_model *m) {
     const st_hparams *hp = &m->model->hp;
     return (strata_model_info){
         .arch = st_arch_name(hp->arch), .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
         .n_layer = hp->n_layer, .n_ctx_train = hp->n_ctx_train, .n_expert = hp->n_expert,
         .n_expert_used = hp->n_expert_used, .has_mtp = hp->n_mtp > 0,
+        .file_bytes = st_gguf_file_bytes(m->gguf), .decode_bytes = decode_bytes(m->model),
     };
 }
 

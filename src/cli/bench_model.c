@@ -1,0 +1,135 @@
+// cli: `strata bench -m FILE`: prompt and decode tokens/s of a model on this machine, next to
+// the decode bound (memory-read bandwidth / weight bytes a decoded token reads).
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "strata.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: strata bench -m FILE [-t N] [--prompt 512,2048] [--decode 128] [--kv f16|q8_0]\n\n"
+               "Prompt tokens/s for each prompt length (one chunk of up to --batch rows at a time) and\n"
+               "decode tokens/s (greedy, one token per step after a short warm-up), next to the decode\n"
+               "bound: the machine's memory-read bandwidth / the weight bytes one decoded token reads.\n\n"
+               "  -m, --model FILE   GGUF model\n"
+               "  -t, --threads N    CPU threads (default: all cores)\n"
+               "  --prompt LIST      prompt lengths (default 512,2048; 0 to skip)\n"
+               "  --decode N         decoded tokens (default 128; 0 to skip)\n"
+               "  --batch N          prompt chunk (default 512)\n"
+               "  --kv f16|q8_0      KV cache type (default f16)\n");
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+int st_bench_model(int argc, char **argv) {
+    const char *model = NULL, *prompts = "512,2048", *kv = "f16", *v;
+    int64_t threads = 0, decode = 128, batch = 512;
+    bool bad = false;
+    for (int i = 1; i < argc && !bad; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (st_cli_opt(argc, argv, &i, "-m", &model, &bad) || st_cli_opt(argc, argv, &i, "--model", &model, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--prompt", &prompts, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--kv", &kv, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "-t", &v, &bad) || st_cli_opt(argc, argv, &i, "--threads", &v, &bad)) {
+            bad = bad || !st_cli_int("--threads", v, 1, 1024, &threads);
+        } else if (st_cli_opt(argc, argv, &i, "--decode", &v, &bad)) {
+            bad = bad || !st_cli_int("--decode", v, 0, 1 << 20, &decode);
+        } else if (st_cli_opt(argc, argv, &i, "--batch", &v, &bad)) {
+            bad = bad || !st_cli_int("--batch", v, 1, 65536, &batch);
+        } else {
+            fprintf(stderr, "strata bench: unknown option '%s' (see strata bench --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (bad) return 2;
+    if (!model) {
+        usage(stderr);
+        return 2;
+    }
+    int64_t lens[16];
+    int n_lens = 0;
+    for (const char *p = prompts; *p && n_lens < 16;) {
+        char tok[32];
+        size_t l = strcspn(p, ",");
+        snprintf(tok, sizeof tok, "%.*s", (int)(l < 31 ? l : 31), p);
+        if (!st_cli_int("--prompt", tok, 0, 1 << 20, &lens[n_lens])) return 2;
+        if (lens[n_lens] > 0) n_lens++;
+        p += l + (p[l] == ',');
+    }
+    strata_kv_type kv_type = !strcmp(kv, "q8_0") ? STRATA_KV_Q8_0 : STRATA_KV_F16;
+    if (strcmp(kv, "q8_0") && strcmp(kv, "f16")) {
+        fprintf(stderr, "strata bench: --kv: '%s' is not f16 or q8_0\n", kv);
+        return 2;
+    }
+
+    strata_model *m = NULL;
+    strata_model_params mp = {.path = model, .n_threads = (int)threads};
+    if (strata_model_open(&mp, &m)) return st_cli_fail(ST_ERR_IO);
+    strata_model_info info = strata_model_get_info(m);
+    int nth = threads ? (int)threads : st_cpu_count();
+    char commit[128];
+    st_bench_commit(commit, sizeof commit);
+    double bw = st_bench_read_gbs(nth);
+    printf("model: %s (%s, %d layers, %d experts top-%d, %.2f GiB)\n", model, info.arch, info.n_layer,
+           info.n_expert, info.n_expert_used, info.file_bytes / 1073741824.0);
+    printf("commit: %s; threads: %d; kv: %s; memory read %.1f GB/s\n", commit, nth, kv, bw);
+    printf("decode reads %.1f MiB of weights per token: bound %.1f tokens/s\n\n", info.decode_bytes / 1048576.0,
+           bw * 1e9 / (double)info.decode_bytes);
+    printf("%-14s %8s %10s %12s\n", "test", "tokens", "seconds", "tokens/s");
+
+    int rc = 0;
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (int li = 0; li < n_lens + (decode > 0) && !rc; li++) {
+        bool is_decode = li == n_lens;
+        int n = is_decode ? (int)decode : (int)lens[li];
+        strata_session *s = NULL;
+        strata_session_params sp = {.n_ctx = n + 16, .n_batch = (int)batch, .kv_type = kv_type};
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n + 16));
+        float *logits = malloc(sizeof(float) * (size_t)info.n_vocab);
+        if (!toks || !logits || strata_session_open(m, &sp, &s)) {
+            fprintf(stderr, "strata: %s\n", toks && logits ? strata_error() : "out of memory");
+            rc = 1;
+        }
+        for (int i = 0; !rc && i < n + 16; i++) {
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            toks[i] = (int32_t)(seed % (uint64_t)info.n_vocab);
+        }
+        double t0 = 0, t1 = 0;
+        if (!rc && !is_decode) {
+            t0 = st_time_s();
+            rc = strata_session_eval(s, toks, n, NULL) != 0;
+            t1 = st_time_s();
+        } else if (!rc) {
+            rc = strata_session_eval(s, toks, 8, NULL) != 0; // warm-up context
+            int32_t tok = toks[8];
+            t0 = st_time_s();
+            for (int i = 0; i < n && !rc; i++) {
+                rc = strata_session_eval(s, &tok, 1, logits) != 0;
+                tok = argmax(logits, info.n_vocab);
+            }
+            t1 = st_time_s();
+        }
+        if (rc) fprintf(stderr, "strata: %s\n", strata_error());
+        else {
+            char name[32];
+            snprintf(name, sizeof name, is_decode ? "decode" : "prompt %d", n);
+            printf("%-14s %8d %10.3f %12.1f\n", name, n, t1 - t0, n / (t1 - t0));
+            if (is_decode)
+                printf("\ndecode at %.0f%% of the bound\n", 100.0 * n / (t1 - t0) / (bw * 1e9 / (double)info.decode_bytes));
+        }
+        strata_session_close(s);
+        free(toks);
+        free(logits);
+    }
+    strata_model_close(m);
+    return rc;
+}
