@@ -338,6 +338,22 @@ DEFINE_DOTS(q6_K, q6_K_rows)
 // ---------------------------------------------------------------------------------------------
 // IQ4_XS x Q8_K: table values, one 6-bit scale (minus 32) per 32 elements
 
+// IQ4_XS: the 8 six-bit scales as bytes (scale j = nibble j of the scales_l word, with bits
+// 2j..2j+1 of scales_h on top), spread with shifts and masks in a register: building them in a
+// stack array and reloading it stalls on store forwarding; pdep would do it but is microcoded
+// (hundreds of cycles) on AMD before Zen 3.
+AI uint64_t iq4xs_scales8(uint32_t lo4, uint16_t hi2) {
+    uint64_t l = lo4;
+    l = (l | l << 16) & 0x0000ffff0000ffffull;
+    l = (l | l << 8) & 0x00ff00ff00ff00ffull;
+    l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
+    uint64_t h = hi2;
+    h = (h | h << 24) & 0x000000ff000000ffull;
+    h = (h | h << 12) & 0x000f000f000f000full;
+    h = (h | h << 6) & 0x0303030303030303ull;
+    return l | h << 4;
+}
+
 AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_iq4_xs *b = w;
     const int64_t nb = n / QK_K;
@@ -345,11 +361,12 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
         float d = f16(b[i].d);
-        int16_t ls[8];
-        for (int j = 0; j < 8; j++)
-            ls[j] = (int16_t)((((b[i].scales_l[j / 2] >> 4 * (j % 2)) & 15) |
-                               (((b[i].scales_h >> 2 * j) & 3) << 4)) - 32);
-        __m256i sc = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ls));
+        // Scale j: nibble j of scales_l, bits 2j..2j+1 of scales_h on top, minus 32.
+        uint32_t sl;
+        memcpy(&sl, b[i].scales_l, 4);
+        uint64_t ls8 = iq4xs_scales8(sl, b[i].scales_h);
+        __m128i ls = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)ls8)), _mm_set1_epi16(32));
+        __m256i sc = _mm256_broadcastsi128_si256(ls);
         __m256i q[8], aq[8], scj[8];
         for (int j = 0; j < 8; j++) {
             q[j] = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 16 * j));
@@ -370,6 +387,259 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(iq4_xs, iq4_xs_rows)
+
+// ---------------------------------------------------------------------------------------------
+// Q2_K, Q3_K x Q8_K. 16-element sub-blocks: vector t (32 elements) pairs scales 2t and 2t+1,
+// the same layout as Q6_K.
+
+// int16 scales of sub-blocks 2t, 2t+1 (8 lanes each) from 16 int8 scales.
+AI __m256i pair_scales(__m128i sc8, int t) {
+    __m128i ctl = _mm_set_epi64x(0x0101010101010101LL * (2 * t + 1), 0x0101010101010101LL * (2 * t));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctl));
+}
+
+AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_q2_K *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
+        __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(15));
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+        __m256i q[8], scp[8];
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int j = 0; j < 4; j++) q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+        }
+        for (int t = 0; t < 8; t++) scp[t] = pair_scales(sc8, t);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++) {
+                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
+            }
+            __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y->bsums));
+            __m256 f = _mm256_fmsub_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi),
+                                       _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(msum)));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d), f, acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+DEFINE_DOTS(q2_K, q2_K_rows)
+
+// Q3_K's 16 six-bit scales (minus 32): low nibbles from bytes 0..7 (scales 0..7 low, 8..15
+// high), 2 high bits from bytes 8..11 (byte 8 + s%4, shifted by 2 (s/4)).
+AI __m128i q3k_scales8(const uint8_t *b12) {
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, b12, 8);
+    memcpy(&hi4, b12 + 8, 4);
+    uint64_t la = lo8 & 0x0f0f0f0f0f0f0f0full, lb = (lo8 >> 4) & 0x0f0f0f0f0f0f0f0full;
+    uint64_t ha = (hi4 & 0x03030303u) | (uint64_t)((hi4 >> 2) & 0x03030303u) << 32;
+    uint64_t hb = ((hi4 >> 4) & 0x03030303u) | (uint64_t)((hi4 >> 6) & 0x03030303u) << 32;
+    __m128i v = _mm_set_epi64x((long long)(lb | hb << 4), (long long)(la | ha << 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_q3_K *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d);
+        __m128i sc8 = q3k_scales8(b[i].scales);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
+        __m256i q[8], scp[8];
+        // Element 128h + 32j + l: 2 bits from qs[32h + l] >> 2j, the 3rd from hmask bit 4h + j;
+        // stored unsigned (q + 4), the 4 * sum(scale * bsum) correction comes per row.
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                __m256i hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
+                hm = _mm256_srli_epi16(hm, 1);
+                q[4 * h + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3), hb);
+            }
+        }
+        for (int t = 0; t < 8; t++) scp[t] = pair_scales(sc8, t);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+            for (int t = 0; t < 8; t++) {
+                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+DEFINE_DOTS(q3_K, q3_K_rows)
+
+// ---------------------------------------------------------------------------------------------
+// IQ2 / IQ3 / IQ1_S x Q8_K. Grid rows are gathered with scalar loads; signs become +1/-1 bytes
+// (tables below, built at compile time) applied to the activations with vpsignb; every group
+// of 32 has one odd scale (two for IQ2_XS/IQ2_S, one per 16).
+
+// sign8[b]: byte j = -1 where bit j of b is set, else +1.
+#define SGN1(b, j) ((((b) >> (j)) & 1) ? 0xffull : 0x01ull) << (8 * (j))
+#define SGN8(b) (SGN1(b, 0) | SGN1(b, 1) | SGN1(b, 2) | SGN1(b, 3) | SGN1(b, 4) | SGN1(b, 5) | SGN1(b, 6) | SGN1(b, 7))
+#define SGN_R4(b) SGN8(b), SGN8((b) + 1), SGN8((b) + 2), SGN8((b) + 3)
+#define SGN_R16(b) SGN_R4(b), SGN_R4((b) + 4), SGN_R4((b) + 8), SGN_R4((b) + 12)
+#define SGN_R64(b) SGN_R16(b), SGN_R16((b) + 16), SGN_R16((b) + 32), SGN_R16((b) + 48)
+static const uint64_t sign8[256] = {SGN_R64(0), SGN_R64(64), SGN_R64(128), SGN_R64(192)};
+// ksign8[i] = sign8[ksigns_iq2xs[i]]: 7 sign bits plus the bit that makes the parity even.
+#define PAR7(i) (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1)
+#define KSGN(i) SGN8((i) | PAR7(i) << 7)
+#define KSGN_R4(b) KSGN(b), KSGN((b) + 1), KSGN((b) + 2), KSGN((b) + 3)
+#define KSGN_R16(b) KSGN_R4(b), KSGN_R4((b) + 4), KSGN_R4((b) + 8), KSGN_R4((b) + 12)
+#define KSGN_R64(b) KSGN_R16(b), KSGN_R16((b) + 16), KSGN_R16((b) + 32), KSGN_R16((b) + 48)
+static const uint64_t ksign8[128] = {KSGN_R64(0), KSGN_R64(64)};
+
+AI __m256i set_u64x4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { // a lowest
+    return _mm256_set_epi64x((long long)d, (long long)c, (long long)b, (long long)a);
+}
+
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
+
+// Group g (32 elements) of block blk: unsigned grid bytes, +-1 signs and int16 scales.
+AI void iq_group(const int kind, const void *blk, int g, __m256i *grid, __m256i *sgn, __m256i *sc) {
+    if (kind == IQ2_XXS) {
+        const block_iq2_xxs *b = blk;
+        uint32_t idx, aux;
+        memcpy(&idx, (const uint8_t *)b->qs + 8 * g, 4);
+        memcpy(&aux, (const uint8_t *)b->qs + 8 * g + 4, 4);
+        *grid = set_u64x4(st_iq2xxs_grid[idx & 255], st_iq2xxs_grid[(idx >> 8) & 255],
+                          st_iq2xxs_grid[(idx >> 16) & 255], st_iq2xxs_grid[idx >> 24]);
+        *sgn = set_u64x4(ksign8[aux & 127], ksign8[(aux >> 7) & 127], ksign8[(aux >> 14) & 127],
+                         ksign8[(aux >> 21) & 127]);
+        *sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+    } else if (kind == IQ2_XS) {
+        const block_iq2_xs *b = blk;
+        const uint16_t *q = b->qs + 4 * g;
+        *grid = set_u64x4(st_iq2xs_grid[q[0] & 511], st_iq2xs_grid[q[1] & 511], st_iq2xs_grid[q[2] & 511],
+                          st_iq2xs_grid[q[3] & 511]);
+        *sgn = set_u64x4(ksign8[q[0] >> 9], ksign8[q[1] >> 9], ksign8[q[2] >> 9], ksign8[q[3] >> 9]);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((short)(2 * (b->scales[g] >> 4) + 1)),
+                               _mm_set1_epi16((short)(2 * (b->scales[g] & 15) + 1)));
+    } else if (kind == IQ2_S) {
+        const block_iq2_s *b = blk;
+        const uint8_t *q = b->qs + 4 * g, *sg = b->qs + QK_K / 8 + 4 * g;
+        unsigned h = b->qh[g];
+        *grid = set_u64x4(st_iq2s_grid[q[0] | (h << 8 & 0x300)], st_iq2s_grid[q[1] | (h << 6 & 0x300)],
+                          st_iq2s_grid[q[2] | (h << 4 & 0x300)], st_iq2s_grid[q[3] | (h << 2 & 0x300)]);
+        *sgn = set_u64x4(sign8[sg[0]], sign8[sg[1]], sign8[sg[2]], sign8[sg[3]]);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((short)(2 * (b->scales[g] >> 4) + 1)),
+                               _mm_set1_epi16((short)(2 * (b->scales[g] & 15) + 1)));
+    } else if (kind == IQ3_XXS) {
+        const block_iq3_xxs *b = blk;
+        const uint8_t *q = b->qs + 8 * g;
+        uint32_t aux;
+        memcpy(&aux, b->qs + QK_K / 4 + 4 * g, 4);
+        *grid = _mm256_set_epi32((int)st_iq3xxs_grid[q[7]], (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[5]],
+                                 (int)st_iq3xxs_grid[q[4]], (int)st_iq3xxs_grid[q[3]], (int)st_iq3xxs_grid[q[2]],
+                                 (int)st_iq3xxs_grid[q[1]], (int)st_iq3xxs_grid[q[0]]);
+        *sgn = set_u64x4(ksign8[aux & 127], ksign8[(aux >> 7) & 127], ksign8[(aux >> 14) & 127],
+                         ksign8[(aux >> 21) & 127]);
+        *sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+    } else {
+        const block_iq3_s *b = blk;
+        const uint8_t *q = b->qs + 8 * g, *sg = b->signs + 4 * g;
+        unsigned h = b->qh[g];
+        *grid = _mm256_set_epi32((int)st_iq3s_grid[q[7] | (h << 1 & 256)], (int)st_iq3s_grid[q[6] | (h << 2 & 256)],
+                                 (int)st_iq3s_grid[q[5] | (h << 3 & 256)], (int)st_iq3s_grid[q[4] | (h << 4 & 256)],
+                                 (int)st_iq3s_grid[q[3] | (h << 5 & 256)], (int)st_iq3s_grid[q[2] | (h << 6 & 256)],
+                                 (int)st_iq3s_grid[q[1] | (h << 7 & 256)], (int)st_iq3s_grid[q[0] | (h << 8 & 256)]);
+        *sgn = set_u64x4(sign8[sg[0]], sign8[sg[1]], sign8[sg[2]], sign8[sg[3]]);
+        *sc = _mm256_set1_epi16((short)(2 * ((b->scales[g / 2] >> (4 * (g % 2))) & 15) + 1));
+    }
+}
+
+AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w, const void *x,
+                size_t xs) {
+    static const size_t sizes[] = {sizeof(block_iq2_xxs), sizeof(block_iq2_xs), sizeof(block_iq2_s),
+                                   sizeof(block_iq3_xxs), sizeof(block_iq3_s)};
+    // The odd scales are 2s+1; the formats' common factors (1/8, 1/4) are applied once.
+    const float factor = kind <= IQ2_S ? 0.125f : kind == IQ3_XXS ? 0.25f : 1.0f;
+    const int64_t nb = n / QK_K;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * sizes[kind];
+        st_f16 dh;
+        memcpy(&dh, blk, 2); // every IQ2/IQ3 block starts with d
+        float d = f16(dh) * factor;
+        __m256i grid[8], sgn[8], sc[8];
+        for (int g = 0; g < 8; g++) iq_group(kind, blk, g, &grid[g], &sgn[g], &sc[g]);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), sgn[g]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(grid[g], qy), sc[g]));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+#define IQ_ROWS(name, kind)                                                                     \
+    AI void name##_rows(int64_t n, const int NR, float *s, const void *w, const void *x,       \
+                        size_t xs) {                                                            \
+        iq_rows(kind, n, NR, s, w, x, xs);                                                      \
+    }                                                                                           \
+    DEFINE_DOTS(name, name##_rows)
+IQ_ROWS(iq2_xxs, IQ2_XXS)
+IQ_ROWS(iq2_xs, IQ2_XS)
+IQ_ROWS(iq2_s, IQ2_S)
+IQ_ROWS(iq3_xxs, IQ3_XXS)
+IQ_ROWS(iq3_s, IQ3_S)
+
+// IQ1_S: grid values -1/0/1 (vpsignb multiplies by them), plus delta * sum(y) per group from
+// the activation's bsums.
+AI void iq1_s_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_iq1_s *b = w;
+    const int64_t nb = n / QK_K;
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 accd[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        float d = f16(b[i].d);
+        __m256i grid[8], sc[8];
+        int16_t lsd[8];
+        for (int g = 0; g < 8; g++) {
+            unsigned h = b[i].qh[g];
+            const uint8_t *q = b[i].qs + 4 * g;
+            grid[g] = set_u64x4(st_iq1s_grid[q[0] | (h << 8 & 0x700)], st_iq1s_grid[q[1] | (h << 5 & 0x700)],
+                                st_iq1s_grid[q[2] | (h << 2 & 0x700)], st_iq1s_grid[q[3] | (h >> 1 & 0x700)]);
+            int ls = 2 * ((h >> 12) & 7) + 1;
+            sc[g] = _mm256_set1_epi16((short)ls);
+            lsd[g] = (int16_t)(h & 0x8000 ? -ls : ls);
+        }
+        __m128i lsdv = _mm_loadu_si128((const __m128i *)lsd);
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                __m256i p = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), grid[g]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), sc[g]));
+            }
+            __m128i b0 = _mm_loadu_si128((const __m128i *)y->bsums);
+            __m128i b1 = _mm_loadu_si128((const __m128i *)(y->bsums + 8));
+            __m128i ds = _mm_madd_epi16(lsdv, _mm_hadd_epi16(b0, b1));
+            float dd = d * y->d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc[r]);
+            accd[r] = _mm_fmadd_ps(_mm_set1_ps(dd * ST_IQ1_DELTA), _mm_cvtepi32_ps(ds), accd[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + hsum_ps128(accd[r]);
+}
+DEFINE_DOTS(iq1_s, iq1_s_rows)
 
 // ---------------------------------------------------------------------------------------------
 // F32, F16, BF16 (activations of the same type)
@@ -439,6 +709,14 @@ void st_quant_kernels_avx2(st_quant_kernels *k) {
     SET(ST_TYPE_Q5_K, q5_K);
     SET(ST_TYPE_Q6_K, q6_K);
     SET(ST_TYPE_IQ4_XS, iq4_xs);
+    SET(ST_TYPE_Q2_K, q2_K);
+    SET(ST_TYPE_Q3_K, q3_K);
+    SET(ST_TYPE_IQ2_XXS, iq2_xxs);
+    SET(ST_TYPE_IQ2_XS, iq2_xs);
+    SET(ST_TYPE_IQ2_S, iq2_s);
+    SET(ST_TYPE_IQ3_XXS, iq3_xxs);
+    SET(ST_TYPE_IQ3_S, iq3_s);
+    SET(ST_TYPE_IQ1_S, iq1_s);
     SET(ST_TYPE_F32, f32);
     SET(ST_TYPE_F16, f16);
     SET(ST_TYPE_BF16, bf16);

@@ -287,6 +287,22 @@ DEFINE_DOTS(q6_K, q6_K_rows)
 // ---------------------------------------------------------------------------------------------
 // IQ4_XS x Q8_K. zmm j holds sub-blocks 2j and 2j+1.
 
+// IQ4_XS: the 8 six-bit scales as bytes (scale j = nibble j of the scales_l word, with bits
+// 2j..2j+1 of scales_h on top), spread with shifts and masks in a register: building them in a
+// stack array and reloading it stalls on store forwarding; pdep would do it but is microcoded
+// (hundreds of cycles) on AMD before Zen 3.
+AI uint64_t iq4xs_scales8(uint32_t lo4, uint16_t hi2) {
+    uint64_t l = lo4;
+    l = (l | l << 16) & 0x0000ffff0000ffffull;
+    l = (l | l << 8) & 0x00ff00ff00ff00ffull;
+    l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
+    uint64_t h = hi2;
+    h = (h | h << 24) & 0x000000ff000000ffull;
+    h = (h | h << 12) & 0x000f000f000f000full;
+    h = (h | h << 6) & 0x0303030303030303ull;
+    return l | h << 4;
+}
+
 AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_iq4_xs *b = w;
     const int64_t nb = n / QK_K;
@@ -294,11 +310,12 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
     __m512 acc[4] = ZERO4_PS;
     for (int64_t i = 0; i < nb; i++) {
         float d = f16(b[i].d);
-        int16_t ls[8];
-        for (int j = 0; j < 8; j++)
-            ls[j] = (int16_t)((((b[i].scales_l[j / 2] >> 4 * (j % 2)) & 15) |
-                               (((b[i].scales_h >> 2 * j) & 3) << 4)) - 32);
-        __m512i sc = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)ls));
+        // Scale j: nibble j of scales_l, bits 2j..2j+1 of scales_h on top, minus 32.
+        uint32_t sl;
+        memcpy(&sl, b[i].scales_l, 4);
+        uint64_t ls8 = iq4xs_scales8(sl, b[i].scales_h);
+        __m128i ls = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)ls8)), _mm_set1_epi16(32));
+        __m512i sc = _mm512_castsi128_si512(ls);
         __m512i aq[4], scj[4];
         __mmask64 neg[4];
         for (int j = 0; j < 4; j++) {
