@@ -139,6 +139,25 @@ static const uint8_t *jvalue(st_gguf_vtype t, const uint8_t *p, uint64_t limit, 
     return p;
 }
 
+// The shortest decimal that reads back as the same float / double.
+static void print_real(FILE *f, st_gguf_vtype t, const uint8_t *p) {
+    char b[40];
+    if (t == ST_GGUF_F32) {
+        union { uint32_t u; float v; } x = {.u = (uint32_t)le(p, 4)};
+        for (int prec = 6; prec <= 9; prec++) {
+            snprintf(b, sizeof b, "%.*g", prec, (double)x.v);
+            if (strtof(b, NULL) == x.v || x.v != x.v) break;
+        }
+    } else {
+        union { uint64_t u; double v; } x = {.u = le(p, 8)};
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(b, sizeof b, "%.*g", prec, x.v);
+            if (strtod(b, NULL) == x.v || x.v != x.v) break;
+        }
+    }
+    fputs(b, f);
+}
+
 // Text form of a value; long strings and arrays are cut (the JSON form has them whole).
 static void print_value(FILE *f, const st_gguf_kv *kv) {
     json_t *j;
@@ -149,6 +168,12 @@ static void print_value(FILE *f, const st_gguf_kv *kv) {
         uint64_t shown = kv->count < 6 ? kv->count : 6;
         const uint8_t *p = kv->data;
         for (uint64_t i = 0; i < shown; i++) {
+            if (kv->elem == ST_GGUF_F32 || kv->elem == ST_GGUF_F64) {
+                fputs(i ? ", " : "", f);
+                print_real(f, kv->elem, p);
+                p += st_gguf_vtype_size(kv->elem);
+                continue;
+            }
             p = jvalue(kv->elem, p, 1, &j);
             char *s = json_dumps(j, JSON_ENCODE_ANY);
             if (s && strlen(s) > 40) strcpy(s + 36, "...\"");
@@ -157,6 +182,10 @@ static void print_value(FILE *f, const st_gguf_kv *kv) {
             json_decref(j);
         }
         fprintf(f, "%s]", shown < kv->count ? ", ..." : "");
+        return;
+    }
+    if (kv->type == ST_GGUF_F32 || kv->type == ST_GGUF_F64) {
+        print_real(f, kv->type, kv->value);
         return;
     }
     jvalue(kv->type, kv->value, 1, &j);

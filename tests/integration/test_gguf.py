@@ -181,7 +181,8 @@ def test_inspect_tensor_table(model):
     assert sum(v["count"] for v in totals.values()) == len(tensors)
     assert sum(v["bytes"] for v in totals.values()) == j["tensor_bytes"] == sum(int(t.n_bytes) for t in reader.tensors)
     text = strata("inspect", path).stdout
-    for needle in ("architecture:  qwen3moe", "qwen3moe.block_count", "t.q4_k", "totals per type", "q6_K"):
+    for needle in ("architecture:  qwen3moe", "qwen3moe.block_count", "t.q4_k", "totals per type", "q6_K",
+                   "layer_norm_rms_epsilon   f32    1e-06"):
         assert needle in text
 
 
