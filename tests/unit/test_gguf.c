@@ -312,6 +312,8 @@ static void test_alignment_file(void **state) {
     st_gguf_writer_free(w);
     assert_int_equal(st_gguf_open("/nonexistent-dir/x.gguf", &g), ST_ERR_IO);
     assert_non_null(strstr(st_error(), "cannot open"));
+    assert_int_equal(st_gguf_open("/tmp", &g), ST_ERR_IO);
+    assert_non_null(strstr(st_error(), "/tmp: not a regular file"));
 }
 
 // A v2 file with nested arrays opens; its values read back.
@@ -496,6 +498,9 @@ static void test_bad_tensor_info(void **state) {
     b->p[ib + 8 + 1] = 5;
     snprintf(want, sizeof want, "m.gguf: tensor 'b' (info at byte %zu): n_dims 5 at byte %zu is not in 1..4", ib, ib + 9);
     expect_fail(b, ST_ERR_FORMAT, want, NULL);
+    good_file(b, &ia, &ib);
+    b->p[ib + 8 + 1] = 0;
+    expect_fail(b, ST_ERR_FORMAT, "tensor 'b'", "n_dims 0", "is not in 1..4", NULL);
     // A zero dimension.
     good_file(b, &ia, &ib);
     memset(b->p + ia + 9 + 4 + 8, 0, 8);
@@ -560,7 +565,8 @@ static void test_bad_tensor_info(void **state) {
 // ---------------------------------------------------------------------------------------------
 // Shards
 
-static void write_shard(const char *dir, int i, int n, int split_no, const char *tensor, bool count_key) {
+// Shard i of n holding one tensor; tensors_count < 0 leaves split.tensors.count out.
+static void write_shard(const char *dir, int i, int n, int split_no, const char *tensor, int tensors_count) {
     char path[512];
     snprintf(path, sizeof path, "%s/model-%05d-of-%05d.gguf", dir, i + 1, n);
     st_gguf_writer *w = st_gguf_writer_create();
@@ -568,7 +574,7 @@ static void write_shard(const char *dir, int i, int n, int split_no, const char 
     uint16_t no = (uint16_t)split_no, cnt = (uint16_t)n;
     assert_int_equal(st_gguf_writer_add_scalar(w, "split.no", ST_GGUF_U16, &no), ST_OK);
     assert_int_equal(st_gguf_writer_add_scalar(w, "split.count", ST_GGUF_U16, &cnt), ST_OK);
-    if (count_key) assert_int_equal(st_gguf_writer_add_i32(w, "split.tensors.count", n), ST_OK);
+    if (tensors_count >= 0) assert_int_equal(st_gguf_writer_add_i32(w, "split.tensors.count", tensors_count), ST_OK);
     float v[4] = {(float)i, 1, 2, 3};
     int64_t ne = 4;
     assert_int_equal(st_gguf_writer_add_tensor(w, tensor, ST_TYPE_F32, 1, &ne, v, sizeof v), ST_OK);
@@ -584,14 +590,14 @@ static void test_shards(void **state) {
     snprintf(p1, sizeof p1, "%s/model-00001-of-00003.gguf", dir);
     snprintf(p2, sizeof p2, "%s/model-00002-of-00003.gguf", dir);
     snprintf(p3, sizeof p3, "%s/model-00003-of-00003.gguf", dir);
-    write_shard(dir, 0, 3, 0, "t0", true);
-    write_shard(dir, 1, 3, 1, "t1", false);
+    write_shard(dir, 0, 3, 0, "t0", 3);
+    write_shard(dir, 1, 3, 1, "t1", -1);
     // A missing shard is a clear error naming it.
     st_gguf *g;
     assert_int_equal(st_gguf_open(p1, &g), ST_ERR_IO);
     assert_non_null(strstr(st_error(), "shard 3 of 3 is missing"));
     assert_non_null(strstr(st_error(), "model-00003-of-00003.gguf: cannot open"));
-    write_shard(dir, 2, 3, 2, "t2", false);
+    write_shard(dir, 2, 3, 2, "t2", -1);
     // Any shard's name opens the whole model.
     const char *paths[3] = {p1, p2, p3};
     for (int k = 0; k < 3; k++) {
@@ -617,17 +623,20 @@ static void test_shards(void **state) {
         st_gguf_free(g);
     }
     // A shard whose split.no disagrees with its name.
-    write_shard(dir, 1, 3, 2, "t1", false);
+    write_shard(dir, 1, 3, 2, "t1", -1);
     assert_int_equal(st_gguf_open(p3, &g), ST_ERR_FORMAT);
     assert_non_null(strstr(st_error(), "model-00002-of-00003.gguf: key 'split.no'"));
     // A tensor name repeated in two shards.
-    write_shard(dir, 1, 3, 1, "t2", false);
+    write_shard(dir, 1, 3, 1, "t2", -1);
     assert_int_equal(st_gguf_open(p1, &g), ST_ERR_FORMAT);
     assert_non_null(strstr(st_error(), "tensor 't2'"));
     assert_non_null(strstr(st_error(), "duplicate tensor name"));
     // split.tensors.count that disagrees with the shards.
-    write_shard(dir, 1, 3, 1, "t1", false);
-    write_shard(dir, 0, 3, 0, "t0", true);
+    write_shard(dir, 1, 3, 1, "t1", -1);
+    write_shard(dir, 0, 3, 0, "t0", 4);
+    assert_int_equal(st_gguf_open(p2, &g), ST_ERR_FORMAT);
+    assert_non_null(strstr(st_error(), "model-00001-of-00003.gguf: key 'split.tensors.count' does not match the 3 tensors"));
+    write_shard(dir, 0, 3, 0, "t0", 3);
     char extra[512];
     snprintf(extra, sizeof extra, "%s/single.gguf", dir);
     // A shard renamed so the others cannot be found.
