@@ -47,10 +47,66 @@ strata_status strata_session_open(strata_model *m, const strata_session_params *
 void strata_session_close(strata_session *s);
 int strata_session_pos(const strata_session *s);
 int strata_session_ctx(const strata_session *s);
+// The tokens the session holds (its position's worth), oldest first; valid until the next call.
+int strata_session_tokens(const strata_session *s, const int32_t **tokens);
 
 // Feeds n tokens (in chunks of n_batch). logits: NULL, or (n, n_vocab) floats receiving every
 // position's logits.
 strata_status strata_session_eval(strata_session *s, const int32_t *tokens, int n, float *logits);
+
+// ---------------------------------------------------------------------------------------------
+// Text: the model's tokenizer and chat template (from the GGUF).
+
+// Tokenizes text; special: parse control tokens written in the text (<|im_start|>, ...), which
+// only prompts built by a template should do. *ids is malloc'd (free() it).
+strata_status strata_tokenize(const strata_model *m, const char *text, size_t len, bool special,
+                              int32_t **ids, int *n);
+// Decodes ids to bytes (control tokens written as text). *out is malloc'd, NUL-terminated.
+strata_status strata_detokenize(const strata_model *m, const int32_t *ids, int n, char **out);
+// Renders the model's chat template. messages_json: a JSON array of {role, content}; tools_json
+// NULL or a JSON array of tools; thinking: -1 (template default), 0 or 1 (enable_thinking).
+strata_status strata_chat_render(const strata_model *m, const char *messages_json, const char *tools_json,
+                                 bool add_generation_prompt, int thinking, char **out);
+
+// ---------------------------------------------------------------------------------------------
+// Generation
+
+typedef struct strata_sampling {
+    float temperature;      // 0 = greedy
+    int top_k;              // 0 = off
+    float top_p;            // 1 = off
+    float min_p;            // 0 = off
+    float repeat_penalty;   // 1 = off (divides positive logits, multiplies negative ones)
+    float presence_penalty; // subtracted once from each token in the window
+    float frequency_penalty;// subtracted per occurrence in the window
+    int penalty_last_n;     // window of recent tokens the penalties look at
+    uint64_t seed;
+} strata_sampling;
+// Qwen3's recommended settings: temperature 0.7, top_k 20, top_p 0.8, min_p 0, no penalties.
+strata_sampling strata_sampling_default(void);
+
+// Called with each piece of text as it becomes final (always whole UTF-8 characters, never
+// part of a stop string); return false to stop generating.
+typedef bool (*strata_text_fn)(void *ctx, const char *text, size_t len);
+
+typedef struct strata_generate_params {
+    int max_tokens;              // <= 0: until end of generation or the context is full
+    strata_sampling sampling;
+    const char *const *stop;     // stop strings (not included in the output)
+    int n_stop;
+} strata_generate_params;
+
+typedef struct strata_generate_stats {
+    int n_prompt, n_generated;
+    double prompt_s, generate_s;
+    const char *stop_reason;     // "eog", "stop", "length", "context", "callback"
+} strata_generate_stats;
+
+// Reads prompt[0..n) after what the session holds, then samples up to max_tokens tokens,
+// streaming text through on_text.
+strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_prompt,
+                              const strata_generate_params *p, strata_text_fn on_text, void *ctx,
+                              strata_generate_stats *stats);
 
 #ifdef __cplusplus
 }

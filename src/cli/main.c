@@ -16,6 +16,9 @@ typedef struct cmd {
 static const cmd cmds[] = {
     {"inspect", st_cmd_inspect, "show a GGUF file's metadata, tokenizer and tensors"},
     {"tensor", st_cmd_tensor, "write one tensor dequantized to float32"},
+    {"generate", st_cmd_generate, "stream a continuation of a prompt (or a chat reply with --chat)"},
+    {"chat", st_cmd_chat, "interactive chat in the terminal"},
+    {"perplexity", st_cmd_perplexity, "perplexity of a text file"},
     {"eval", st_cmd_eval, "write every position's logits for a token sequence"},
     {"bench", st_cmd_bench, "benchmarks (bench kernels, ...)"},
     {"tokenize", st_cmd_tokenize, "text to token ids (GGUF or tokenizer.json)"},

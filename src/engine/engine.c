@@ -1,23 +1,32 @@
 // engine: the public API (strata.h) over the modules: a model is a mapped GGUF bound to a
 // backend; a session is one sequence's state fed in prompt chunks.
 
+#include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "strata.h"
 #include "backend/backend.h"
+#include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 struct strata_model {
     st_gguf *gguf;
     st_model *model;
     st_backend *backend;
+    st_tokenizer *tok;            // NULL when the file has no (usable) tokenizer
+    char tok_error[256];          // why, for the first call that needs it
+    st_chat_template *tmpl;       // NULL when the file has no chat template
+    char tmpl_error[256];
 };
 
 struct strata_session {
     strata_model *m;
     st_state *state;
     int n_batch, n_ctx;
+    int32_t *tokens;              // (n_ctx) what the state holds, oldest first
 };
 
 const char *strata_error(void) { return st_error(); }
@@ -30,6 +39,10 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     if (!s) s = st_model_load(m->gguf, &m->model);
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
     if (!s) s = st_backend_cpu_create(threads, &m->backend);
+    if (!s && st_tokenizer_load_gguf(m->gguf, &m->tok))
+        snprintf(m->tok_error, sizeof m->tok_error, "%s", st_error());
+    if (!s && st_chat_template_from_gguf(m->gguf, &m->tmpl))
+        snprintf(m->tmpl_error, sizeof m->tmpl_error, "%s", st_error());
     if (s) {
         strata_model_close(m);
         return s;
@@ -40,6 +53,8 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
 
 void strata_model_close(strata_model *m) {
     if (!m) return;
+    st_chat_template_free(m->tmpl);
+    st_tokenizer_free(m->tok);
     st_backend_free(m->backend);
     st_model_free(m->model);
     st_gguf_free(m->gguf);
@@ -105,7 +120,9 @@ strata_status strata_session_open(strata_model *m, const strata_session_params *
     s->n_batch = sp.n_batch;
     s->n_ctx = sp.n_ctx;
     st_status st = st_state_create(m->model, m->backend, &sp, &s->state);
+    if (!st && !(s->tokens = st_alloc(sizeof(int32_t) * (size_t)sp.n_ctx))) st = ST_ERR_NOMEM;
     if (st) {
+        st_state_free(s->state);
         st_free(s);
         return st;
     }
@@ -116,18 +133,225 @@ strata_status strata_session_open(strata_model *m, const strata_session_params *
 void strata_session_close(strata_session *s) {
     if (!s) return;
     st_state_free(s->state);
+    st_free(s->tokens);
     st_free(s);
 }
 
 int strata_session_pos(const strata_session *s) { return st_state_pos(s->state); }
 int strata_session_ctx(const strata_session *s) { return s->n_ctx; }
 
+int strata_session_tokens(const strata_session *s, const int32_t **tokens) {
+    *tokens = s->tokens;
+    return st_state_pos(s->state);
+}
+
+// One forward call of up to n_batch rows, keeping the token record in step with the state.
+static st_status forward(strata_session *s, const int32_t *tokens, int n, const st_forward_out *out) {
+    int pos = st_state_pos(s->state);
+    ST_TRY(st_model_forward(s->m->model, s->state, tokens, n, out));
+    memcpy(s->tokens + pos, tokens, sizeof(int32_t) * n);
+    return ST_OK;
+}
+
 strata_status strata_session_eval(strata_session *s, const int32_t *tokens, int n, float *logits) {
     int n_vocab = s->m->model->hp.n_vocab;
     for (int i = 0; i < n; i += s->n_batch) {
         int rows = n - i < s->n_batch ? n - i : s->n_batch;
         st_forward_out out = {.logits = logits ? logits + (size_t)i * n_vocab : NULL, .want_all = true};
-        ST_TRY(st_model_forward(s->m->model, s->state, tokens + i, rows, &out));
+        ST_TRY(forward(s, tokens + i, rows, &out));
     }
     return ST_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text
+
+static st_status need_tokenizer(const strata_model *m) {
+    if (m->tok) return ST_OK;
+    return st_fail(ST_ERR_UNSUPPORTED, "%s: no usable tokenizer: %s", st_gguf_path(m->gguf), m->tok_error);
+}
+
+strata_status strata_tokenize(const strata_model *m, const char *text, size_t len, bool special,
+                              int32_t **ids, int *n) {
+    ST_TRY(need_tokenizer(m));
+    size_t count;
+    ST_TRY(st_tokenize(m->tok, text, len, special ? ST_TOKENIZE_SPECIAL : 0, ids, &count));
+    *n = (int)count;
+    return ST_OK;
+}
+
+strata_status strata_detokenize(const strata_model *m, const int32_t *ids, int n, char **out) {
+    ST_TRY(need_tokenizer(m));
+    size_t len;
+    return st_detokenize(m->tok, ids, (size_t)n, false, out, &len);
+}
+
+strata_status strata_chat_render(const strata_model *m, const char *messages_json, const char *tools_json,
+                                 bool add_generation_prompt, int thinking, char **out) {
+    if (!m->tmpl)
+        return st_fail(ST_ERR_UNSUPPORTED, "%s: no usable chat template: %s", st_gguf_path(m->gguf), m->tmpl_error);
+    json_error_t je;
+    json_t *msgs = json_loads(messages_json, 0, &je), *tools = NULL, *extra = json_object();
+    st_status s = ST_OK;
+    if (!msgs || !json_is_array(msgs))
+        s = st_fail(ST_ERR_ARG, "messages: not a JSON array (%s at line %d)", msgs ? "an object" : je.text, je.line);
+    if (!s && tools_json && !(tools = json_loads(tools_json, 0, &je)))
+        s = st_fail(ST_ERR_ARG, "tools: not valid JSON (%s at line %d)", je.text, je.line);
+    if (!s && thinking >= 0) json_object_set_new(extra, "enable_thinking", json_boolean(thinking));
+    if (!s && m->tok) {
+        int32_t bos = st_tokenizer_bos(m->tok), eos = st_tokenizer_eos(m->tok);
+        if (bos >= 0) json_object_set_new(extra, "bos_token", json_string(st_token_piece(m->tok, bos)));
+        if (eos >= 0) json_object_set_new(extra, "eos_token", json_string(st_token_piece(m->tok, eos)));
+    }
+    size_t len;
+    if (!s) s = st_chat_apply(m->tmpl, msgs, tools, add_generation_prompt, extra, out, &len);
+    json_decref(msgs);
+    json_decref(tools);
+    json_decref(extra);
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation
+
+strata_sampling strata_sampling_default(void) {
+    return (strata_sampling){.temperature = 0.7f, .top_k = 20, .top_p = 0.8f, .min_p = 0.0f,
+                             .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
+}
+
+// Text held back while it could still become a stop string.
+typedef struct stop_filter {
+    const char *const *stop;
+    int n_stop;
+    char *buf;
+    size_t len, cap;
+} stop_filter;
+
+// Appends text; returns how many bytes at the front are final. *hit is set when a stop string
+// completed: then only the text before it is final and generation ends.
+static st_status stop_push(stop_filter *f, const char *text, size_t len, size_t *final, bool *hit) {
+    if (f->len + len + 1 > f->cap) {
+        size_t cap = (f->len + len + 1) * 2;
+        char *nb = realloc(f->buf, cap);
+        if (!nb) return st_fail(ST_ERR_NOMEM, "generation: out of memory");
+        f->buf = nb, f->cap = cap;
+    }
+    memcpy(f->buf + f->len, text, len);
+    f->len += len;
+    f->buf[f->len] = 0;
+    *hit = false;
+    size_t keep_from = f->len; // bytes from here on might start a stop string
+    for (int i = 0; i < f->n_stop; i++) {
+        const char *st = f->stop[i];
+        size_t sl = strlen(st);
+        if (!sl) continue;
+        const char *at = memmem(f->buf, f->len, st, sl);
+        if (at) {
+            *hit = true;
+            *final = (size_t)(at - f->buf);
+            return ST_OK;
+        }
+        for (size_t k = sl - 1; k > 0; k--) // longest suffix of buf that is a prefix of st
+            if (k <= f->len && !memcmp(f->buf + f->len - k, st, k)) {
+                if (f->len - k < keep_from) keep_from = f->len - k;
+                break;
+            }
+    }
+    *final = keep_from;
+    return ST_OK;
+}
+
+static void stop_consume(stop_filter *f, size_t n) {
+    memmove(f->buf, f->buf + n, f->len - n);
+    f->len -= n;
+}
+
+// Feeds tokens and leaves the last row's logits in `logits`.
+static st_status feed(strata_session *s, const int32_t *tokens, int n, float *logits) {
+    for (int i = 0; i < n; i += s->n_batch) {
+        int rows = n - i < s->n_batch ? n - i : s->n_batch;
+        bool last = i + rows >= n;
+        st_forward_out out = {.logits = last ? logits : NULL, .want_all = false};
+        ST_TRY(forward(s, tokens + i, rows, &out));
+    }
+    return ST_OK;
+}
+
+strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_prompt,
+                              const strata_generate_params *p, strata_text_fn on_text, void *ctx,
+                              strata_generate_stats *stats) {
+    strata_model *m = s->m;
+    memset(stats, 0, sizeof *stats);
+    ST_TRY(need_tokenizer(m));
+    if (n_prompt < 1) return st_fail(ST_ERR_ARG, "the prompt is empty");
+    int V = m->model->hp.n_vocab, room = s->n_ctx - st_state_pos(s->state);
+    if (n_prompt >= room)
+        return st_fail(ST_ERR_RANGE, "the prompt (%d tokens) does not fit the context (%d positions free of %d)",
+                       n_prompt, room, s->n_ctx);
+    int max_new = p->max_tokens > 0 && p->max_tokens < room - n_prompt ? p->max_tokens : room - n_prompt;
+    st_sampler *smp = NULL;
+    ST_TRY(st_sampler_create(&p->sampling, V, &smp));
+    float *logits = st_alloc(sizeof(float) * V);
+    int32_t *hist = st_alloc(sizeof(int32_t) * (size_t)(n_prompt + max_new + 1));
+    st_detok_stream *ds = st_detok_stream_create(m->tok, true);
+    stop_filter sf = {.stop = p->stop, .n_stop = p->n_stop};
+    st_status st = logits && hist && ds ? ST_OK : st_fail(ST_ERR_NOMEM, "generation: out of memory");
+    if (!st) memcpy(hist, prompt, sizeof(int32_t) * n_prompt);
+    double t0 = st_time_s();
+    if (!st) st = feed(s, prompt, n_prompt, logits);
+    stats->n_prompt = n_prompt;
+    stats->prompt_s = st_time_s() - t0;
+    t0 = st_time_s();
+    int n_hist = n_prompt;
+    stats->stop_reason = "length";
+    while (!st && stats->n_generated < max_new) {
+        int32_t tok = st_sampler_sample(smp, logits, hist, n_hist);
+        if (st_token_is_eog(m->tok, tok)) {
+            stats->stop_reason = "eog";
+            break;
+        }
+        hist[n_hist++] = tok;
+        stats->n_generated++;
+        const char *text;
+        size_t len, final;
+        bool hit, go_on = true;
+        st = st_detok_stream_push(ds, tok, &text, &len);
+        if (!st) st = stop_push(&sf, text, len, &final, &hit);
+        if (st) break;
+        if (final) go_on = on_text(ctx, sf.buf, final);
+        stop_consume(&sf, final);
+        if (hit) {
+            stats->stop_reason = "stop";
+            sf.len = 0;
+            break;
+        }
+        if (!go_on) {
+            stats->stop_reason = "callback";
+            break;
+        }
+        if (stats->n_generated == max_new) { // the limit asked for, or the end of the context
+            stats->stop_reason = p->max_tokens > 0 && max_new == p->max_tokens ? "length" : "context";
+            break;
+        }
+        st = feed(s, &tok, 1, logits);
+    }
+    if (!st && strcmp(stats->stop_reason, "stop") && strcmp(stats->stop_reason, "callback")) {
+        const char *text; // what the stream and the stop filter still hold is final now
+        size_t len;
+        st = st_detok_stream_flush(ds, &text, &len);
+        if (!st && len) {
+            size_t final;
+            bool hit;
+            st = stop_push(&sf, text, len, &final, &hit);
+            if (!st && hit) sf.len = final;
+        }
+        if (!st && sf.len) on_text(ctx, sf.buf, sf.len);
+    }
+    stats->generate_s = st_time_s() - t0;
+    free(sf.buf);
+    st_detok_stream_free(ds);
+    st_free(hist);
+    st_free(logits);
+    st_sampler_free(smp);
+    return st;
 }
