@@ -318,7 +318,9 @@ def plan(cfg: Config, notes: list[str]) -> list[TensorSpec]:
         mat(p + "ffn_up_exps.weight", H, F, experts, 1 / math.sqrt(H), n_slabs=E)
         mat(p + "ffn_down_exps.weight", F, H, experts, res / math.sqrt(F), n_slabs=E)
         if next_arch:
-            vec(p + "ffn_gate_inp_shexp.weight", _rng(cfg, p + "shexp_gate").standard_normal(H) / math.sqrt(H))
+            # HF shared_expert_gate is [1, H]; the converter keeps it 2-D, so ne = {H, 1}
+            vec(p + "ffn_gate_inp_shexp.weight", _rng(cfg, p + "shexp_gate").standard_normal(H) / math.sqrt(H),
+                ne=(H, 1))
             Fs = cfg.n_ff_shexp
             mat(p + "ffn_gate_shexp.weight", H, Fs, dense, 1 / math.sqrt(H))
             mat(p + "ffn_up_shexp.weight", H, Fs, dense, 1 / math.sqrt(H))

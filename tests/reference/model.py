@@ -145,6 +145,11 @@ def read_hparams(w: Weights) -> HParams:
         hp.n_v = int(g("ssm.time_step_rank"))
         hp.d_v = int(g("ssm.inner_size")) // hp.n_v
         hp.n_mtp = int(g("nextn_predict_layers", 0))
+        # REFERENCE §2.4 keeps block_count = main layers with MTP at blk.{block_count}; newer llama.cpp
+        # (Qwen3.5 MTP) counts the MTP layers in block_count instead. Accept both.
+        if hp.n_mtp and not w.has(f"blk.{n_layer}.nextn.eh_proj.weight") \
+                and w.has(f"blk.{n_layer - hp.n_mtp}.nextn.eh_proj.weight"):
+            hp.n_layer = n_layer - hp.n_mtp
     return hp
 
 
