@@ -180,7 +180,7 @@ typedef enum jop {
 
 struct jnode {
     uint8_t kind;
-    uint8_t neg;          // E_TEST: `is not`
+    uint8_t neg;          // E_TEST: `is not`; E_LIST: a tuple
     int line, col;
     jval lit;             // E_LIT value
     jstr *name;           // E_NAME / E_ATTR / E_FILTER / E_TEST / N_MACRO / N_SET target name

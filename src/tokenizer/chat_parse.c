@@ -716,6 +716,8 @@ static jnode *parse_primary(parser *p) {
         if (is_op(cur(p), ")")) { // empty tuple
             adv(p);
             e = node(p, E_LIST, t);
+            if (!e) return NULL;
+            e->neg = 1;
         } else {
             jnode *x = parse_expr(p);
             if (!x) return NULL;
@@ -731,6 +733,7 @@ static jnode *parse_primary(parser *p) {
                 e = node(p, E_LIST, t);
                 if (!e) return NULL;
                 e->args = v.v, e->nargs = v.n;
+                e->neg = 1; // a tuple
             } else {
                 e = x;
             }
@@ -981,6 +984,7 @@ static jnode *parse_tuple_expr(parser *p) {
     jnode *l = node(p, E_LIST, t);
     if (!l) return NULL;
     l->args = v.v, l->nargs = v.n;
+    l->neg = 1; // a tuple
     return l;
 }
 

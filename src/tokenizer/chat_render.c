@@ -15,7 +15,7 @@
 #include "tokenizer/chat_impl.h"
 
 #define DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
-#define DEFAULT_MAX_STEPS 10000000ull
+#define DEFAULT_MAX_STEPS 2000000ull
 #define DEFAULT_MAX_DEPTH 64
 #define DEFAULT_MAX_MEMORY ((size_t)512 << 20)
 #define MAX_RANGE 100000 // as Jinja's sandbox: range() longer than this is refused
@@ -108,7 +108,7 @@ static const char *obj_desc(jval v) {
 
 static jframe *frame_new(rctx *c, jframe *parent) {
     jframe *f = ja_alloc(c->a, sizeof *f);
-    if (!f || !(f->vars = jd_new(c->a, 4))) return NULL;
+    if (!f || !(f->vars = jd_new(c->a, 2))) return NULL; // small: one per loop iteration
     f->parent = parent;
     return f;
 }
@@ -982,6 +982,7 @@ static bool eval(rctx *c, const jnode *n, jframe *f, jval *out) {
     case E_LIST: {
         jval l = mklist(c, (size_t)n->nargs);
         if (l.t != JV_LIST) return oom(c, n);
+        l.l->tuple = n->neg;
         for (int i = 0; i < n->nargs; i++)
             if (!eval(c, n->args[i], f, &l.l->v[i])) return false;
         *out = l;
@@ -1755,9 +1756,17 @@ static bool apply_filter(rctx *c, const jnode *n, jval v, jval *args, jstr **kw,
     if (!strcmp(name, "round")) {
         jval pr = arg(args, kw, nargs, 0, "precision", jv_int(0)), me = arg(args, kw, nargs, 1, "method", none);
         if (!is_num(v)) return fail(c, n, ST_ERR_ARG, "round needs a number");
-        double x = fnum(v), m = pow(10.0, (double)(pr.t == JV_INT ? pr.i : 0));
+        int64_t prec = pr.t == JV_INT ? pr.i : 0;
+        if (prec < 0 || prec > 30) return fail(c, n, ST_ERR_UNSUPPORTED, "round: precision must be in [0, 30]");
+        double x = fnum(v), m = pow(10.0, (double)prec), r;
         const char *how = me.t == JV_STR ? me.s->s : "common";
-        double r = !strcmp(how, "ceil") ? ceil(x * m) / m : !strcmp(how, "floor") ? floor(x * m) / m : round(x * m) / m;
+        if (!strcmp(how, "ceil")) r = ceil(x * m) / m;
+        else if (!strcmp(how, "floor")) r = floor(x * m) / m;
+        else { // Python's round(): correctly rounded from the exact binary value, ties to even
+            char tmp[400];
+            snprintf(tmp, sizeof tmp, "%.*f", (int)prec, x);
+            r = strtod(tmp, NULL);
+        }
         *out = jv_float(r);
         return true;
     }

@@ -195,7 +195,7 @@ jlist *jl_new(jarena *a, size_t n) {
 jdict *jd_new(jarena *a, size_t cap) {
     jdict *d = ja_alloc(a, sizeof *d);
     if (!d) return NULL;
-    if (cap < 4) cap = 4;
+    if (cap < 2) cap = 2;
     d->cap = cap;
     d->k = ja_alloc(a, cap * sizeof *d->k);
     d->v = ja_alloc(a, cap * sizeof *d->v);

@@ -26,7 +26,7 @@ typedef struct st_chat_template st_chat_template;
 // Bounds on one render; zero fields take the defaults shown.
 typedef struct st_chat_limits {
     size_t max_output;    // bytes of rendered text (default 16 MiB)
-    uint64_t max_steps;   // loop iterations + macro calls + output writes (default 10 million)
+    uint64_t max_steps;   // loop iterations + calls + filters + outputs (default 2 million)
     int max_depth;        // nested macro calls / loops (default 64)
     size_t max_memory;    // bytes for values built while rendering (default 512 MiB)
 } st_chat_limits;
