@@ -44,7 +44,10 @@ static json_t *jstr(const char *s, size_t len) {
         if (ok && k > 1) { // reject overlong forms, surrogates and values past U+10FFFF
             uint32_t cp = u[i] & (0x7f >> k);
             for (int c = 1; c < k; c++) cp = cp << 6 | (u[i + c] & 0x3f);
-            ok = cp >= (k == 2 ? 0x80u : k == 3 ? 0x800u : 0x10000u) && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+            ok = cp >= (k == 2   ? 0x80u
+                        : k == 3 ? 0x800u
+                                 : 0x10000u) &&
+                 cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
         }
         if (ok) {
             memcpy(o + n, s + i, (size_t)k);
@@ -76,8 +79,9 @@ static uint64_t le(const uint8_t *p, int n) {
 // One fixed-size element of type t at p as JSON.
 static json_t *jscalar(st_gguf_vtype t, const uint8_t *p) {
     switch (t) {
-    case ST_GGUF_U8: case ST_GGUF_U16: case ST_GGUF_U32:
-        return json_integer((json_int_t)le(p, (int)st_gguf_vtype_size(t)));
+    case ST_GGUF_U8:
+    case ST_GGUF_U16:
+    case ST_GGUF_U32: return json_integer((json_int_t)le(p, (int)st_gguf_vtype_size(t)));
     case ST_GGUF_U64: {
         uint64_t v = le(p, 8);
         if (v <= (uint64_t)INT64_MAX) return json_integer((json_int_t)v);
@@ -90,11 +94,17 @@ static json_t *jscalar(st_gguf_vtype t, const uint8_t *p) {
     case ST_GGUF_I32: return json_integer((int32_t)(uint32_t)le(p, 4));
     case ST_GGUF_I64: return json_integer((json_int_t)(int64_t)le(p, 8));
     case ST_GGUF_F32: {
-        union { uint32_t u; float f; } v = {.u = (uint32_t)le(p, 4)};
+        union {
+            uint32_t u;
+            float f;
+        } v = {.u = (uint32_t)le(p, 4)};
         return jnum(v.f);
     }
     case ST_GGUF_F64: {
-        union { uint64_t u; double f; } v = {.u = le(p, 8)};
+        union {
+            uint64_t u;
+            double f;
+        } v = {.u = le(p, 8)};
         return jnum(v.f);
     }
     case ST_GGUF_BOOL: return json_boolean(p[0]);
@@ -126,8 +136,10 @@ static const uint8_t *jvalue(st_gguf_vtype t, const uint8_t *p, uint64_t limit, 
         for (uint64_t i = 0; i < n; i++) {
             json_t *e;
             p = jvalue(et, p, limit, &e);
-            if (shown) json_array_append_new(arr, e);
-            else json_decref(e);
+            if (shown)
+                json_array_append_new(arr, e);
+            else
+                json_decref(e);
         }
     }
     if (!shown) {
@@ -143,13 +155,19 @@ static const uint8_t *jvalue(st_gguf_vtype t, const uint8_t *p, uint64_t limit, 
 static void print_real(FILE *f, st_gguf_vtype t, const uint8_t *p) {
     char b[40];
     if (t == ST_GGUF_F32) {
-        union { uint32_t u; float v; } x = {.u = (uint32_t)le(p, 4)};
+        union {
+            uint32_t u;
+            float v;
+        } x = {.u = (uint32_t)le(p, 4)};
         for (int prec = 6; prec <= 9; prec++) {
             snprintf(b, sizeof b, "%.*g", prec, (double)x.v);
             if (strtof(b, NULL) == x.v || x.v != x.v) break;
         }
     } else {
-        union { uint64_t u; double v; } x = {.u = le(p, 8)};
+        union {
+            uint64_t u;
+            double v;
+        } x = {.u = le(p, 8)};
         for (int prec = 15; prec <= 17; prec++) {
             snprintf(b, sizeof b, "%.*g", prec, x.v);
             if (strtod(b, NULL) == x.v || x.v != x.v) break;
@@ -230,17 +248,22 @@ static json_t *tokenizer_summary(const st_gguf *g) {
     uint64_t n;
     const void *d;
     json_object_set_new(t, "vocab_size",
-                        st_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &d) ? json_integer((json_int_t)n) : json_null());
+                        st_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &d) ? json_integer((json_int_t)n)
+                                                                                 : json_null());
     json_object_set_new(t, "merges",
-                        st_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n, &d) ? json_integer((json_int_t)n) : json_null());
+                        st_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n, &d) ? json_integer((json_int_t)n)
+                                                                                 : json_null());
     int64_t id;
     json_object_set_new(t, "bos_token_id",
-                        st_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &id) ? json_integer(id) : json_null());
+                        st_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &id) ? json_integer(id)
+                                                                               : json_null());
     json_object_set_new(t, "eos_token_id",
-                        st_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &id) ? json_integer(id) : json_null());
+                        st_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &id) ? json_integer(id)
+                                                                               : json_null());
     const char *s;
     size_t len;
-    json_object_set_new(t, "has_chat_template", json_boolean(st_gguf_get_str(g, "tokenizer.chat_template", &s, &len)));
+    json_object_set_new(t, "has_chat_template",
+                        json_boolean(st_gguf_get_str(g, "tokenizer.chat_template", &s, &len)));
     return t;
 }
 
@@ -317,8 +340,10 @@ static int print_json(const st_gguf *g, const char *arch, size_t arch_len, bool 
 
 static void print_kv_line(const st_gguf_kv *kv) {
     char ty[32];
-    if (kv->type == ST_GGUF_ARRAY) snprintf(ty, sizeof ty, "arr");
-    else snprintf(ty, sizeof ty, "%s", st_gguf_vtype_name(kv->type));
+    if (kv->type == ST_GGUF_ARRAY)
+        snprintf(ty, sizeof ty, "arr");
+    else
+        snprintf(ty, sizeof ty, "%s", st_gguf_vtype_name(kv->type));
     printf("  %-44s %-6s ", kv->key, ty);
     print_value(stdout, kv);
     putchar('\n');
@@ -330,8 +355,8 @@ static int print_text(const st_gguf *g, const char *arch, size_t arch_len) {
     char hb[32];
     human(hb, sizeof hb, (double)st_gguf_file_bytes(g));
     int ns = st_gguf_shard_count(g);
-    printf("file:          %s (GGUF v%u, %d shard%s, %s, alignment %u)\n", st_gguf_path(g), st_gguf_version(g), ns,
-           ns == 1 ? "" : "s", hb, st_gguf_alignment(g));
+    printf("file:          %s (GGUF v%u, %d shard%s, %s, alignment %u)\n", st_gguf_path(g),
+           st_gguf_version(g), ns, ns == 1 ? "" : "s", hb, st_gguf_alignment(g));
     printf("architecture:  %.*s\n", arch ? (int)arch_len : 7, arch ? arch : "unknown");
     const char *name;
     size_t nlen;
@@ -347,15 +372,23 @@ static int print_text(const st_gguf *g, const char *arch, size_t arch_len) {
 
     json_t *tk = tokenizer_summary(g);
     printf("\ntokenizer:\n");
-    const char *labels[][2] = {{"model", "model"},       {"pre", "pre-tokenizer"},       {"vocab_size", "vocabulary"},
-                               {"merges", "merges"},     {"bos_token_id", "bos id"},     {"eos_token_id", "eos id"},
+    const char *labels[][2] = {{"model", "model"},
+                               {"pre", "pre-tokenizer"},
+                               {"vocab_size", "vocabulary"},
+                               {"merges", "merges"},
+                               {"bos_token_id", "bos id"},
+                               {"eos_token_id", "eos id"},
                                {"has_chat_template", "chat template"}};
     for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++) {
         json_t *v = json_object_get(tk, labels[i][0]);
-        if (json_is_null(v)) printf("  %-14s -\n", labels[i][1]);
-        else if (json_is_string(v)) printf("  %-14s %s\n", labels[i][1], json_string_value(v));
-        else if (json_is_boolean(v)) printf("  %-14s %s\n", labels[i][1], json_is_true(v) ? "yes" : "no");
-        else printf("  %-14s %lld\n", labels[i][1], (long long)json_integer_value(v));
+        if (json_is_null(v))
+            printf("  %-14s -\n", labels[i][1]);
+        else if (json_is_string(v))
+            printf("  %-14s %s\n", labels[i][1], json_string_value(v));
+        else if (json_is_boolean(v))
+            printf("  %-14s %s\n", labels[i][1], json_is_true(v) ? "yes" : "no");
+        else
+            printf("  %-14s %lld\n", labels[i][1], (long long)json_integer_value(v));
     }
     json_decref(tk);
 
@@ -372,7 +405,8 @@ static int print_text(const st_gguf *g, const char *arch, size_t arch_len) {
     }
 
     int64_t nt = st_gguf_tensor_count(g);
-    printf("\ntensors (%lld):\n  %-48s %-8s %-28s %14s\n", (long long)nt, "name", "type", "shape (ne0 first)", "bytes");
+    printf("\ntensors (%lld):\n  %-48s %-8s %-28s %14s\n", (long long)nt, "name", "type", "shape (ne0 first)",
+           "bytes");
     type_total tot[ST_TYPE_COUNT] = {{0}};
     uint64_t all = 0;
     for (int64_t i = 0; i < nt; i++) {

@@ -15,15 +15,14 @@
 #define CHUNK 65536
 
 static void tensor_usage(FILE *f) {
-    fprintf(f,
-            "usage: strata tensor FILE NAME [--rows A:B] --out F\n"
-            "  Writes tensor NAME dequantized to little-endian float32, ne0 values per row, rows\n"
-            "  one after the other (ggml order: ne0 is contiguous).\n"
-            "  --rows A:B  only rows A (inclusive) to B (exclusive). A row is one ne0-long vector;\n"
-            "              a tensor of ne = {ne0, ne1, ne2, ne3} has ne1*ne2*ne3 rows, row r being\n"
-            "              (i1, i2, i3) with r = i1 + ne1*(i2 + ne2*i3). A or B may be left out\n"
-            "              (A:, :B). A 1-D tensor has one row.\n"
-            "  --out F     output file ('-' for standard output)\n");
+    fprintf(f, "usage: strata tensor FILE NAME [--rows A:B] --out F\n"
+               "  Writes tensor NAME dequantized to little-endian float32, ne0 values per row, rows\n"
+               "  one after the other (ggml order: ne0 is contiguous).\n"
+               "  --rows A:B  only rows A (inclusive) to B (exclusive). A row is one ne0-long vector;\n"
+               "              a tensor of ne = {ne0, ne1, ne2, ne3} has ne1*ne2*ne3 rows, row r being\n"
+               "              (i1, i2, i3) with r = i1 + ne1*(i2 + ne2*i3). A or B may be left out\n"
+               "              (A:, :B). A 1-D tensor has one row.\n"
+               "  --out F     output file ('-' for standard output)\n");
 }
 
 static size_t edit_distance(const char *a, const char *b) {
@@ -68,7 +67,8 @@ static int not_found(const st_gguf *g, const char *name) {
     }
     fprintf(stderr, "strata: tensor '%s' not found in %s (%lld tensors)", name, st_gguf_path(g),
             (long long)st_gguf_tensor_count(g));
-    for (int k = 0; k < nb; k++) fprintf(stderr, "%s%s", k ? ", " : "; similar: ", st_gguf_tensor_at(g, best[k])->name);
+    for (int k = 0; k < nb; k++)
+        fprintf(stderr, "%s%s", k ? ", " : "; similar: ", st_gguf_tensor_at(g, best[k])->name);
     fputc('\n', stderr);
     return 1;
 }
@@ -87,7 +87,8 @@ static int parse_rows(const char *text, int64_t rows, int64_t *a, int64_t *b) {
         errno = 0;
         *a = strtoll(text, &end, 10);
         if (errno || end != colon) {
-            fprintf(stderr, "strata tensor: --rows '%s': '%.*s' is not an integer\n", text, (int)(colon - text), text);
+            fprintf(stderr, "strata tensor: --rows '%s': '%.*s' is not an integer\n", text,
+                    (int)(colon - text), text);
             return 2;
         }
     }
@@ -100,8 +101,10 @@ static int parse_rows(const char *text, int64_t rows, int64_t *a, int64_t *b) {
         }
     }
     if (*a < 0 || *a >= *b || *b > rows) {
-        fprintf(stderr, "strata tensor: --rows %s is not a non-empty range within 0:%lld (the tensor has %lld rows)\n",
-                text, (long long)rows, (long long)rows);
+        fprintf(
+            stderr,
+            "strata tensor: --rows %s is not a non-empty range within 0:%lld (the tensor has %lld rows)\n",
+            text, (long long)rows, (long long)rows);
         return 1;
     }
     return 0;
@@ -112,10 +115,30 @@ static void plain_to_f32(st_type type, const uint8_t *src, float *dst, int64_t n
     for (int64_t i = 0; i < n; i++) {
         switch (type) {
         case ST_TYPE_I8: dst[i] = (int8_t)src[i]; break;
-        case ST_TYPE_I16: { int16_t v; memcpy(&v, src + 2 * i, 2); dst[i] = v; break; }
-        case ST_TYPE_I32: { int32_t v; memcpy(&v, src + 4 * i, 4); dst[i] = (float)v; break; }
-        case ST_TYPE_I64: { int64_t v; memcpy(&v, src + 8 * i, 8); dst[i] = (float)v; break; }
-        case ST_TYPE_F64: { double v; memcpy(&v, src + 8 * i, 8); dst[i] = (float)v; break; }
+        case ST_TYPE_I16: {
+            int16_t v;
+            memcpy(&v, src + 2 * i, 2);
+            dst[i] = v;
+            break;
+        }
+        case ST_TYPE_I32: {
+            int32_t v;
+            memcpy(&v, src + 4 * i, 4);
+            dst[i] = (float)v;
+            break;
+        }
+        case ST_TYPE_I64: {
+            int64_t v;
+            memcpy(&v, src + 8 * i, 8);
+            dst[i] = (float)v;
+            break;
+        }
+        case ST_TYPE_F64: {
+            double v;
+            memcpy(&v, src + 8 * i, 8);
+            dst[i] = (float)v;
+            break;
+        }
         default: ST_ASSERT(!"not a plain type");
         }
     }
@@ -139,9 +162,12 @@ static int write_tensor(const st_gguf_tensor *t, int64_t r0, int64_t r1, FILE *f
     float *buf = st_alloc(CHUNK * sizeof(float));
     if (!buf) return st_cli_fail(ST_ERR_NOMEM);
     while (done < total) {
-        int64_t n = total - done < CHUNK ? total - done : CHUNK; // a multiple of the block: total and CHUNK are
-        if (is_plain(t->type)) plain_to_f32(t->type, src, buf, n);
-        else st_dequantize(t->type, src, buf, n);
+        int64_t n =
+            total - done < CHUNK ? total - done : CHUNK; // a multiple of the block: total and CHUNK are
+        if (is_plain(t->type))
+            plain_to_f32(t->type, src, buf, n);
+        else
+            st_dequantize(t->type, src, buf, n);
         src += (size_t)(n / ti->block) * (size_t)ti->block_bytes;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
         for (int64_t i = 0; i < n; i++) {
@@ -170,8 +196,8 @@ int st_cmd_tensor(int argc, char **argv) {
             tensor_usage(stdout);
             return 0;
         }
-        if (st_cli_opt(argc, argv, &i, "--rows", &rows, &bad) || st_cli_opt(argc, argv, &i, "--out", &out, &bad) ||
-            st_cli_opt(argc, argv, &i, "-o", &out, &bad))
+        if (st_cli_opt(argc, argv, &i, "--rows", &rows, &bad) ||
+            st_cli_opt(argc, argv, &i, "--out", &out, &bad) || st_cli_opt(argc, argv, &i, "-o", &out, &bad))
             continue;
         if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "strata tensor: unknown option '%s'\n", argv[i]);
@@ -186,7 +212,10 @@ int st_cmd_tensor(int argc, char **argv) {
         }
     }
     if (!bad && (!path || !name || !out)) {
-        fprintf(stderr, "strata tensor: %s\n", !path ? "FILE is missing" : !name ? "NAME is missing" : "--out F is missing");
+        fprintf(stderr, "strata tensor: %s\n",
+                !path   ? "FILE is missing"
+                : !name ? "NAME is missing"
+                        : "--out F is missing");
         bad = true;
     }
     if (bad) {
@@ -209,7 +238,8 @@ int st_cmd_tensor(int argc, char **argv) {
         return rc;
     }
     if (!is_plain(t->type) && !has_dequant(t->type)) {
-        fprintf(stderr, "strata: tensor '%s' has type %s, which Strata cannot dequantize\n", name, st_type_name(t->type));
+        fprintf(stderr, "strata: tensor '%s' has type %s, which Strata cannot dequantize\n", name,
+                st_type_name(t->type));
         st_gguf_free(g);
         return 1;
     }
@@ -232,9 +262,9 @@ int st_cmd_tensor(int argc, char **argv) {
         rc = 1;
     }
     if (rc == 0)
-        fprintf(stderr, "strata: wrote rows %lld:%lld of '%s' (%s, %lld x %lld floats) to %s\n", (long long)r0,
-                (long long)r1, name, st_type_name(t->type), (long long)(r1 - r0), (long long)t->ne[0],
-                to_stdout ? "standard output" : out);
+        fprintf(stderr, "strata: wrote rows %lld:%lld of '%s' (%s, %lld x %lld floats) to %s\n",
+                (long long)r0, (long long)r1, name, st_type_name(t->type), (long long)(r1 - r0),
+                (long long)t->ne[0], to_stdout ? "standard output" : out);
     st_gguf_free(g);
     return rc;
 }

@@ -92,7 +92,8 @@ static st_status rd_str(cursor *c, const char *field, const uint8_t **s, size_t 
     if (n > c->size - c->pos)
         return st_fail(ST_ERR_FORMAT,
                        "%s: %s: %s at byte %zu has length %llu, which runs past the end of the file "
-                       "(size %zu)", c->file, c->ctx, field, at, (unsigned long long)n, c->size);
+                       "(size %zu)",
+                       c->file, c->ctx, field, at, (unsigned long long)n, c->size);
     *s = c->p + c->pos;
     *len = (size_t)n;
     c->pos += (size_t)n;
@@ -108,8 +109,8 @@ static size_t min_elem_bytes(uint32_t t) {
 static st_status check_bools(cursor *c, const uint8_t *b, uint64_t n, const char *field) {
     for (uint64_t i = 0; i < n; i++)
         if (b[i] > 1)
-            return st_fail(ST_ERR_FORMAT, "%s: %s: %s at byte %zu is %u, not 0 or 1", c->file, c->ctx,
-                           field, (size_t)(b + i - c->p), b[i]);
+            return st_fail(ST_ERR_FORMAT, "%s: %s: %s at byte %zu is %u, not 0 or 1", c->file, c->ctx, field,
+                           (size_t)(b + i - c->p), b[i]);
     return ST_OK;
 }
 
@@ -126,8 +127,8 @@ static st_status rd_arr_head(cursor *c, uint32_t *elem, uint64_t *count) {
     if (*count > (c->size - c->pos) / min_elem_bytes(*elem))
         return st_fail(ST_ERR_FORMAT,
                        "%s: %s: array count %llu at byte %zu cannot fit in the %zu bytes left in the file "
-                       "(each %s element takes at least %zu bytes)", c->file, c->ctx,
-                       (unsigned long long)*count, at, c->size - c->pos, vtype_names[*elem],
+                       "(each %s element takes at least %zu bytes)",
+                       c->file, c->ctx, (unsigned long long)*count, at, c->size - c->pos, vtype_names[*elem],
                        min_elem_bytes(*elem));
     return ST_OK;
 }
@@ -206,7 +207,9 @@ static int64_t names_find(const names *h, const char *name, const char *(*name_o
 }
 
 static const char *kv_name(const void *items, int64_t i) { return ((const st_gguf_kv *)items)[i].key; }
-static const char *tensor_name(const void *items, int64_t i) { return ((const st_gguf_tensor *)items)[i].name; }
+static const char *tensor_name(const void *items, int64_t i) {
+    return ((const st_gguf_tensor *)items)[i].name;
+}
 
 // ---------------------------------------------------------------------------------------------
 // One file (a whole model or one shard).
@@ -340,8 +343,8 @@ static st_status parse_tensor_info(cursor *c, gfile *f, int64_t i) {
     size_t fat = c->pos;
     ST_TRY(rd_u32(c, "n_dims", &n_dims));
     if (n_dims < 1 || n_dims > ST_GGUF_MAX_DIMS)
-        return st_fail(ST_ERR_FORMAT, "%s: %s: n_dims %u at byte %zu is not in 1..%d", c->file, c->ctx, n_dims,
-                       fat, ST_GGUF_MAX_DIMS);
+        return st_fail(ST_ERR_FORMAT, "%s: %s: n_dims %u at byte %zu is not in 1..%d", c->file, c->ctx,
+                       n_dims, fat, ST_GGUF_MAX_DIMS);
     t->n_dims = (int)n_dims;
     uint64_t nelem = 1;
     for (int d = 0; d < ST_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
@@ -369,18 +372,20 @@ static st_status parse_tensor_info(cursor *c, gfile *f, int64_t i) {
     if (t->ne[0] % ti->block)
         return st_fail(ST_ERR_FORMAT, "%s: %s: ne[0] = %lld is not a multiple of the %s block size %d",
                        c->file, c->ctx, (long long)t->ne[0], ti->name, ti->block);
-    uint64_t row = (uint64_t)(t->ne[0] / ti->block) * (uint64_t)ti->block_bytes; // < 2^63 * 300 / 32? checked:
+    // ne0/block * block_bytes and its product with the row count, both checked for overflow:
+    uint64_t row = (uint64_t)(t->ne[0] / ti->block) * (uint64_t)ti->block_bytes;
     uint64_t rows = nelem / (uint64_t)t->ne[0];
     if ((uint64_t)(t->ne[0] / ti->block) > UINT64_MAX / (uint64_t)ti->block_bytes ||
         (rows && row > (uint64_t)SIZE_MAX / rows) || row * rows > (uint64_t)INT64_MAX)
-        return st_fail(ST_ERR_FORMAT, "%s: %s: the byte size of %llu elements of %s overflows", c->file, c->ctx,
-                       (unsigned long long)nelem, ti->name);
+        return st_fail(ST_ERR_FORMAT, "%s: %s: the byte size of %llu elements of %s overflows", c->file,
+                       c->ctx, (unsigned long long)nelem, ti->name);
     t->bytes = (size_t)(row * rows);
     fat = c->pos;
     ST_TRY(rd(c, 8, "offset", &t->offset));
     if (t->offset % f->alignment)
-        return st_fail(ST_ERR_FORMAT, "%s: %s: data offset %llu at byte %zu is not a multiple of the alignment %u",
-                       c->file, c->ctx, (unsigned long long)t->offset, fat, f->alignment);
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: %s: data offset %llu at byte %zu is not a multiple of the alignment %u", c->file,
+                       c->ctx, (unsigned long long)t->offset, fat, f->alignment);
     return ST_OK;
 }
 
@@ -407,15 +412,17 @@ static st_status place_tensors(gfile *f) {
             char pn[80];
             st_gguf_printable(pn, sizeof pn, t->name, strlen(t->name));
             if (t->offset > (uint64_t)INT64_MAX || t->bytes > (uint64_t)INT64_MAX - t->offset)
-                s = st_fail(ST_ERR_FORMAT,
-                            "%s: tensor '%s' (info at byte %zu): data offset %llu + %zu bytes runs past the end "
-                            "of the file (size %zu)", f->name, pn, f->t_info_at[i],
-                            (unsigned long long)t->offset, t->bytes, f->size);
+                s = st_fail(
+                    ST_ERR_FORMAT,
+                    "%s: tensor '%s' (info at byte %zu): data offset %llu + %zu bytes runs past the end "
+                    "of the file (size %zu)",
+                    f->name, pn, f->t_info_at[i], (unsigned long long)t->offset, t->bytes, f->size);
             else
                 s = st_fail(ST_ERR_FORMAT,
                             "%s: tensor '%s' (info at byte %zu): data [%llu, %llu) runs past the end of the "
-                            "file (size %zu)", f->name, pn, f->t_info_at[i], (unsigned long long)start,
-                            (unsigned long long)end, f->size);
+                            "file (size %zu)",
+                            f->name, pn, f->t_info_at[i], (unsigned long long)start, (unsigned long long)end,
+                            f->size);
             break;
         }
         t->offset = start; // from here on: absolute in this file
@@ -432,10 +439,10 @@ static st_status place_tensors(gfile *f) {
             st_gguf_printable(pb, sizeof pb, b->name, strlen(b->name));
             s = st_fail(ST_ERR_FORMAT,
                         "%s: tensor '%s' (info at byte %zu): data [%llu, %llu) overlaps tensor '%s' (info at "
-                        "byte %zu), data [%llu, %llu)", f->name, pb, f->t_info_at[sp[k].i],
-                        (unsigned long long)sp[k].start, (unsigned long long)sp[k].end, pa,
-                        f->t_info_at[sp[k - 1].i], (unsigned long long)sp[k - 1].start,
-                        (unsigned long long)sp[k - 1].end);
+                        "byte %zu), data [%llu, %llu)",
+                        f->name, pb, f->t_info_at[sp[k].i], (unsigned long long)sp[k].start,
+                        (unsigned long long)sp[k].end, pa, f->t_info_at[sp[k - 1].i],
+                        (unsigned long long)sp[k - 1].start, (unsigned long long)sp[k - 1].end);
             break;
         }
     }
@@ -455,16 +462,17 @@ static st_status parse_file(gfile *f, const char *name, const uint8_t *base, siz
     if (magic != GGUF_MAGIC) {
         char pm[16];
         st_gguf_printable(pm, sizeof pm, base, 4);
-        return st_fail(ST_ERR_FORMAT, "%s: not a GGUF file: magic at byte 0 is '%s' (0x%08x), expected 'GGUF'",
-                       name, pm, magic);
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: not a GGUF file: magic at byte 0 is '%s' (0x%08x), expected 'GGUF'", name, pm,
+                       magic);
     }
     ST_TRY(rd_u32(&c, "version", &f->version));
     if (f->version != 2 && f->version != 3) {
         if (f->version == 1)
-            return st_fail(ST_ERR_UNSUPPORTED, "%s: GGUF version 1 (at byte 4) is not supported; only 2 and 3",
-                           name);
-        return st_fail(ST_ERR_UNSUPPORTED, "%s: GGUF version %u at byte 4 is not supported (only 2 and 3)%s", name,
-                       f->version, (f->version & 0xffff) == 0 ? "; is it a big-endian file?" : "");
+            return st_fail(ST_ERR_UNSUPPORTED,
+                           "%s: GGUF version 1 (at byte 4) is not supported; only 2 and 3", name);
+        return st_fail(ST_ERR_UNSUPPORTED, "%s: GGUF version %u at byte 4 is not supported (only 2 and 3)%s",
+                       name, f->version, (f->version & 0xffff) == 0 ? "; is it a big-endian file?" : "");
     }
     uint64_t n_t, n_kv;
     ST_TRY(rd(&c, 8, "tensor_count", &n_t));
@@ -473,13 +481,17 @@ static st_status parse_file(gfile *f, const char *name, const uint8_t *base, siz
     // 13 bytes (key length, type, one byte of value), a tensor info at least 32.
     size_t left = size - c.pos;
     if (n_kv > left / 13)
-        return st_fail(ST_ERR_FORMAT,
-                       "%s: header: kv_count %llu at byte 16 cannot fit in the file (size %zu; each key-value "
-                       "pair takes at least 13 bytes)", name, (unsigned long long)n_kv, size);
+        return st_fail(
+            ST_ERR_FORMAT,
+            "%s: header: kv_count %llu at byte 16 cannot fit in the file (size %zu; each key-value "
+            "pair takes at least 13 bytes)",
+            name, (unsigned long long)n_kv, size);
     if (n_t > left / 32)
-        return st_fail(ST_ERR_FORMAT,
-                       "%s: header: tensor_count %llu at byte 8 cannot fit in the file (size %zu; each tensor "
-                       "info takes at least 32 bytes)", name, (unsigned long long)n_t, size);
+        return st_fail(
+            ST_ERR_FORMAT,
+            "%s: header: tensor_count %llu at byte 8 cannot fit in the file (size %zu; each tensor "
+            "info takes at least 32 bytes)",
+            name, (unsigned long long)n_t, size);
     f->kv = st_calloc(n_kv ? (size_t)n_kv : 1, sizeof *f->kv);
     if (!f->kv) return ST_ERR_NOMEM;
     names seen = {0};
@@ -500,12 +512,14 @@ static st_status parse_file(gfile *f, const char *name, const uint8_t *base, siz
         if (!st_gguf_uint_value(al->type, al->value, &v)) v = 0; // negative: reported as not a power of two
         size_t at = (size_t)(al->value - base);
         if (!is_int)
-            return st_fail(ST_ERR_FORMAT, "%s: key 'general.alignment' (value at byte %zu) is a %s, not an integer",
-                           name, at, vtype_names[al->type]);
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: key 'general.alignment' (value at byte %zu) is a %s, not an integer", name,
+                           at, vtype_names[al->type]);
         if (v == 0 || (v & (v - 1)) || v > ST_GGUF_MAX_ALIGNMENT)
             return st_fail(ST_ERR_FORMAT,
                            "%s: key 'general.alignment' (value at byte %zu) = %llu is not a power of two in "
-                           "1..%u", name, at, (unsigned long long)v, ST_GGUF_MAX_ALIGNMENT);
+                           "1..%u",
+                           name, at, (unsigned long long)v, ST_GGUF_MAX_ALIGNMENT);
         f->alignment = (uint32_t)v;
     }
 
@@ -523,8 +537,10 @@ static st_status parse_file(gfile *f, const char *name, const uint8_t *base, siz
         if (dup < 0) continue;
         char pn[80];
         st_gguf_printable(pn, sizeof pn, f->t[i].name, strlen(f->t[i].name));
-        s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' (info at byte %zu): duplicate tensor name (the info at byte %zu has it too)",
-                    name, pn, f->t_info_at[i], f->t_info_at[dup]);
+        s = st_fail(
+            ST_ERR_FORMAT,
+            "%s: tensor '%s' (info at byte %zu): duplicate tensor name (the info at byte %zu has it too)",
+            name, pn, f->t_info_at[i], f->t_info_at[dup]);
     }
     st_free(seen.slot);
     ST_TRY(s);
@@ -596,12 +612,14 @@ static st_status map_file(shard *sh) {
     sh->size = (size_t)stt.st_size;
     if (sh->size == 0) {
         close(fd);
-        return st_fail(ST_ERR_FORMAT, "%s: the file is empty (a GGUF file starts with a 24-byte header)", sh->path);
+        return st_fail(ST_ERR_FORMAT, "%s: the file is empty (a GGUF file starts with a 24-byte header)",
+                       sh->path);
     }
     void *m = mmap(NULL, sh->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (m == MAP_FAILED) return st_fail(ST_ERR_IO, "%s: cannot map %zu bytes: %s", sh->path, sh->size, strerror(e));
+    if (m == MAP_FAILED)
+        return st_fail(ST_ERR_IO, "%s: cannot map %zu bytes: %s", sh->path, sh->size, strerror(e));
     sh->base = m;
     sh->mapped = true;
     return ST_OK;
@@ -636,9 +654,11 @@ static st_status index_names(st_gguf *g) {
         char pn[80];
         st_gguf_printable(pn, sizeof pn, g->t[i].name, strlen(g->t[i].name));
         const st_gguf_tensor *a = &g->t[dup], *b = &g->t[i];
-        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' (data at byte %llu): duplicate tensor name (also at byte %llu%s%s)",
-                       g->shards[b->shard].path, pn, (unsigned long long)b->offset, (unsigned long long)a->offset,
-                       a->shard != b->shard ? " of " : "", a->shard != b->shard ? g->shards[a->shard].path : "");
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: tensor '%s' (data at byte %llu): duplicate tensor name (also at byte %llu%s%s)",
+                       g->shards[b->shard].path, pn, (unsigned long long)b->offset,
+                       (unsigned long long)a->offset, a->shard != b->shard ? " of " : "",
+                       a->shard != b->shard ? g->shards[a->shard].path : "");
     }
     return ST_OK;
 }
@@ -700,7 +720,8 @@ static bool split_name(const char *path, size_t *prefix, int *no, int *count) {
 
 bool st_gguf_uint_value(st_gguf_vtype t, const uint8_t *p, uint64_t *v) {
     bool is_signed = t == ST_GGUF_I8 || t == ST_GGUF_I16 || t == ST_GGUF_I32 || t == ST_GGUF_I64;
-    if (!is_signed && t != ST_GGUF_U8 && t != ST_GGUF_U16 && t != ST_GGUF_U32 && t != ST_GGUF_U64) return false;
+    if (!is_signed && t != ST_GGUF_U8 && t != ST_GGUF_U16 && t != ST_GGUF_U32 && t != ST_GGUF_U64)
+        return false;
     int n = (int)st_gguf_vtype_size(t);
     uint64_t u = st_gguf_le(p, n);
     if (is_signed && (u >> (8 * n - 1))) return false; // negative
@@ -722,13 +743,15 @@ static st_status check_split(st_gguf *g, gfile *files) {
             return st_fail(ST_ERR_FORMAT, "%s: key 'split.count' is %s, but the file name says %d shards",
                            g->shards[i].path, cnt ? "not that number" : "missing", n);
         if (!no || !kv_uint(no, &v) || v != (uint64_t)i)
-            return st_fail(ST_ERR_FORMAT, "%s: key 'split.no' is %s, but the file name says shard %d (split.no %d)",
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: key 'split.no' is %s, but the file name says shard %d (split.no %d)",
                            g->shards[i].path, no ? "another number" : "missing", i + 1, i);
     }
     const st_gguf_kv *tc = gfile_kv(&files[0], "split.tensors.count");
     uint64_t v;
     if (tc && (!kv_uint(tc, &v) || v != total))
-        return st_fail(ST_ERR_FORMAT, "%s: key 'split.tensors.count' does not match the %llu tensors in the %d shards",
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: key 'split.tensors.count' does not match the %llu tensors in the %d shards",
                        g->shards[0].path, (unsigned long long)total, n);
     return ST_OK;
 }
@@ -798,12 +821,16 @@ size_t st_gguf_file_bytes(const st_gguf *g) { return g->total_bytes; }
 uint32_t st_gguf_alignment(const st_gguf *g) { return g->alignment; }
 
 int64_t st_gguf_kv_count(const st_gguf *g) { return g->n_kv; }
-int64_t st_gguf_find_key(const st_gguf *g, const char *key) { return names_find(&g->kv_names, key, kv_name, g->kv); }
+int64_t st_gguf_find_key(const st_gguf *g, const char *key) {
+    return names_find(&g->kv_names, key, kv_name, g->kv);
+}
 const char *st_gguf_key(const st_gguf *g, int64_t i) { return i >= 0 && i < g->n_kv ? g->kv[i].key : NULL; }
 st_gguf_vtype st_gguf_kv_type(const st_gguf *g, int64_t i) {
     return i >= 0 && i < g->n_kv ? g->kv[i].type : ST_GGUF_VTYPE_COUNT;
 }
-const st_gguf_kv *st_gguf_kv_at(const st_gguf *g, int64_t i) { return i >= 0 && i < g->n_kv ? &g->kv[i] : NULL; }
+const st_gguf_kv *st_gguf_kv_at(const st_gguf *g, int64_t i) {
+    return i >= 0 && i < g->n_kv ? &g->kv[i] : NULL;
+}
 
 static const st_gguf_kv *find(const st_gguf *g, const char *key) {
     int64_t i = st_gguf_find_key(g, key);
@@ -814,26 +841,48 @@ static const st_gguf_kv *find(const st_gguf *g, const char *key) {
 // *iv (is_signed = true), unsigned ones to *uv.
 static bool int_at(st_gguf_vtype t, const uint8_t *p, bool *is_signed, int64_t *iv, uint64_t *uv) {
     switch (t) {
-    case ST_GGUF_U8: case ST_GGUF_U16: case ST_GGUF_U32: case ST_GGUF_U64: case ST_GGUF_BOOL:
+    case ST_GGUF_U8:
+    case ST_GGUF_U16:
+    case ST_GGUF_U32:
+    case ST_GGUF_U64:
+    case ST_GGUF_BOOL:
         *is_signed = false;
         *uv = st_gguf_le(p, (int)st_gguf_vtype_size(t));
         return true;
-    case ST_GGUF_I8: *is_signed = true; *iv = (int8_t)p[0]; return true;
-    case ST_GGUF_I16: *is_signed = true; *iv = (int16_t)(uint16_t)st_gguf_le(p, 2); return true;
-    case ST_GGUF_I32: *is_signed = true; *iv = (int32_t)(uint32_t)st_gguf_le(p, 4); return true;
-    case ST_GGUF_I64: *is_signed = true; *iv = (int64_t)st_gguf_le(p, 8); return true;
+    case ST_GGUF_I8:
+        *is_signed = true;
+        *iv = (int8_t)p[0];
+        return true;
+    case ST_GGUF_I16:
+        *is_signed = true;
+        *iv = (int16_t)(uint16_t)st_gguf_le(p, 2);
+        return true;
+    case ST_GGUF_I32:
+        *is_signed = true;
+        *iv = (int32_t)(uint32_t)st_gguf_le(p, 4);
+        return true;
+    case ST_GGUF_I64:
+        *is_signed = true;
+        *iv = (int64_t)st_gguf_le(p, 8);
+        return true;
     default: return false;
     }
 }
 
 static bool float_at(st_gguf_vtype t, const uint8_t *p, double *out) {
     if (t == ST_GGUF_F32) {
-        union { uint32_t u; float f; } v = {.u = (uint32_t)st_gguf_le(p, 4)};
+        union {
+            uint32_t u;
+            float f;
+        } v = {.u = (uint32_t)st_gguf_le(p, 4)};
         *out = v.f;
         return true;
     }
     if (t == ST_GGUF_F64) {
-        union { uint64_t u; double f; } v = {.u = st_gguf_le(p, 8)};
+        union {
+            uint64_t u;
+            double f;
+        } v = {.u = st_gguf_le(p, 8)};
         *out = v.f;
         return true;
     }
@@ -940,8 +989,8 @@ bool st_gguf_kv_arr_i64(const st_gguf_kv *kv, uint64_t i, int64_t *out) {
 }
 
 bool st_gguf_kv_arr_f64(const st_gguf_kv *kv, uint64_t i, double *out) {
-    if (kv->type != ST_GGUF_ARRAY || i >= kv->count || kv->elem == ST_GGUF_STRING || kv->elem == ST_GGUF_ARRAY ||
-        kv->elem == ST_GGUF_BOOL)
+    if (kv->type != ST_GGUF_ARRAY || i >= kv->count || kv->elem == ST_GGUF_STRING ||
+        kv->elem == ST_GGUF_ARRAY || kv->elem == ST_GGUF_BOOL)
         return false;
     return float_at(kv->elem, kv->data + i * st_gguf_vtype_size(kv->elem), out);
 }

@@ -28,7 +28,7 @@ typedef enum st_gguf_vtype {
 const char *st_gguf_vtype_name(st_gguf_vtype t); // "u8", ..., "string", "array"; "unknown"
 size_t st_gguf_vtype_size(st_gguf_vtype t);      // bytes of a fixed-size value; 0 for string/array
 
-#define ST_GGUF_MAX_DIMS 4
+#define ST_GGUF_MAX_DIMS          4
 #define ST_GGUF_DEFAULT_ALIGNMENT 32
 // Why a cap: alignment pads the header and every tensor; beyond 1 GiB it is a corrupt value, and
 // the cap keeps align-up arithmetic far from overflow.
@@ -48,14 +48,14 @@ typedef struct st_gguf_tensor {
 // One metadata pair as stored (a read-only view; pointers into the mapping, which may be
 // unaligned: read multi-byte values with memcpy or the getters below).
 typedef struct st_gguf_kv {
-    char *key;             // NUL-terminated copy
+    char *key; // NUL-terminated copy
     st_gguf_vtype type;
-    const uint8_t *value;  // the encoded value (after the type field), value_bytes long
+    const uint8_t *value; // the encoded value (after the type field), value_bytes long
     size_t value_bytes;
-    st_gguf_vtype elem;    // arrays: element type,
-    uint64_t count;        //   element count,
-    const uint8_t *data;   //   first element (numbers packed little-endian; strings as u64 length + bytes)
-    size_t *str_at;        //   string arrays: offset of element i from data
+    st_gguf_vtype elem;  // arrays: element type,
+    uint64_t count;      //   element count,
+    const uint8_t *data; //   first element (numbers packed little-endian; strings as u64 length + bytes)
+    size_t *str_at;      //   string arrays: offset of element i from data
 } st_gguf_kv;
 
 typedef struct st_gguf st_gguf;
@@ -70,12 +70,12 @@ st_status st_gguf_open(const char *path, st_gguf **out);
 st_status st_gguf_open_memory(const void *data, size_t size, const char *name, st_gguf **out);
 void st_gguf_free(st_gguf *g);
 
-const char *st_gguf_path(const st_gguf *g);     // the first shard's path (or the memory name)
+const char *st_gguf_path(const st_gguf *g); // the first shard's path (or the memory name)
 uint32_t st_gguf_version(const st_gguf *g);
 int st_gguf_shard_count(const st_gguf *g);
 const char *st_gguf_shard_path(const st_gguf *g, int i);
-size_t st_gguf_file_bytes(const st_gguf *g);    // all shards together
-uint32_t st_gguf_alignment(const st_gguf *g);   // of the first file
+size_t st_gguf_file_bytes(const st_gguf *g);  // all shards together
+uint32_t st_gguf_alignment(const st_gguf *g); // of the first file
 
 // ---- metadata
 int64_t st_gguf_kv_count(const st_gguf *g);
@@ -89,7 +89,7 @@ const st_gguf_kv *st_gguf_kv_at(const st_gguf *g, int64_t i); // NULL if out of 
 bool st_gguf_get_u32(const st_gguf *g, const char *key, uint32_t *out);
 bool st_gguf_get_u64(const st_gguf *g, const char *key, uint64_t *out);
 bool st_gguf_get_i64(const st_gguf *g, const char *key, int64_t *out);
-bool st_gguf_get_f32(const st_gguf *g, const char *key, float *out); // f32 or f64
+bool st_gguf_get_f32(const st_gguf *g, const char *key, float *out);  // f32 or f64
 bool st_gguf_get_f64(const st_gguf *g, const char *key, double *out); // f32 or f64
 bool st_gguf_get_bool(const st_gguf *g, const char *key, bool *out);
 // String value (not NUL-terminated in the file: use len; *s points into the mapping).
@@ -124,7 +124,8 @@ st_gguf_writer *st_gguf_writer_create(void);
 void st_gguf_writer_free(st_gguf_writer *w);
 st_status st_gguf_writer_set_alignment(st_gguf_writer *w, uint32_t alignment); // power of two
 // Any scalar value type (not string/array); `value` points to the value in its C type.
-st_status st_gguf_writer_add_scalar(st_gguf_writer *w, const char *key, st_gguf_vtype type, const void *value);
+st_status st_gguf_writer_add_scalar(st_gguf_writer *w, const char *key, st_gguf_vtype type,
+                                    const void *value);
 st_status st_gguf_writer_add_u32(st_gguf_writer *w, const char *key, uint32_t v);
 st_status st_gguf_writer_add_i32(st_gguf_writer *w, const char *key, int32_t v);
 st_status st_gguf_writer_add_u64(st_gguf_writer *w, const char *key, uint64_t v);

@@ -44,7 +44,8 @@ static st_status buf_put(buf *b, const void *src, size_t n) {
     if (n > b->cap - b->n) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap - b->n < n) {
-            if (cap > SIZE_MAX / 2) return st_fail(ST_ERR_NOMEM, "gguf writer: buffer of %zu bytes overflows", b->n);
+            if (cap > SIZE_MAX / 2)
+                return st_fail(ST_ERR_NOMEM, "gguf writer: buffer of %zu bytes overflows", b->n);
             cap *= 2;
         }
         uint8_t *p = st_alloc(cap);
@@ -112,8 +113,10 @@ static st_status grow(void **arr, int64_t *cap, int64_t n, size_t elem) {
 static st_status add_encoded(st_gguf_writer *w, const char *key, buf *b) {
     st_status s = ST_OK;
     size_t klen = key ? strlen(key) : 0;
-    if (!klen) s = st_fail(ST_ERR_ARG, "gguf writer: empty key");
-    else if (kv_index(w, key) >= 0) s = st_fail(ST_ERR_ARG, "gguf writer: duplicate key '%s'", key);
+    if (!klen)
+        s = st_fail(ST_ERR_ARG, "gguf writer: empty key");
+    else if (kv_index(w, key) >= 0)
+        s = st_fail(ST_ERR_ARG, "gguf writer: duplicate key '%s'", key);
     if (s == ST_OK && !strcmp(key, "general.alignment")) {
         // The value decides the file's alignment, so it must be an integer power of two.
         uint64_t v = 0;
@@ -121,7 +124,8 @@ static st_status add_encoded(st_gguf_writer *w, const char *key, buf *b) {
             v > ST_GGUF_MAX_ALIGNMENT)
             s = st_fail(ST_ERR_ARG, "gguf writer: general.alignment must be an integer power of two <= %u",
                         ST_GGUF_MAX_ALIGNMENT);
-        else w->alignment = (uint32_t)v;
+        else
+            w->alignment = (uint32_t)v;
     }
     if (s == ST_OK) s = grow((void **)&w->kv, &w->cap_kv, w->n_kv, sizeof *w->kv);
     char *k = NULL;
@@ -152,15 +156,32 @@ st_status st_gguf_writer_set_alignment(st_gguf_writer *w, uint32_t alignment) {
     return ST_OK;
 }
 
-st_status st_gguf_writer_add_scalar(st_gguf_writer *w, const char *key, st_gguf_vtype type, const void *value) {
+st_status st_gguf_writer_add_scalar(st_gguf_writer *w, const char *key, st_gguf_vtype type,
+                                    const void *value) {
     size_t sz = st_gguf_vtype_size(type);
-    if (!sz) return st_fail(ST_ERR_ARG, "gguf writer: key '%s': %s is not a scalar type", key, st_gguf_vtype_name(type));
+    if (!sz)
+        return st_fail(ST_ERR_ARG, "gguf writer: key '%s': %s is not a scalar type", key,
+                       st_gguf_vtype_name(type));
     uint64_t v = 0;
     switch (type) {
-    case ST_GGUF_U8: case ST_GGUF_I8: v = *(const uint8_t *)value; break;
+    case ST_GGUF_U8:
+    case ST_GGUF_I8: v = *(const uint8_t *)value; break;
     case ST_GGUF_BOOL: v = *(const bool *)value ? 1 : 0; break;
-    case ST_GGUF_U16: case ST_GGUF_I16: { uint16_t x; memcpy(&x, value, 2); v = x; break; }
-    case ST_GGUF_U32: case ST_GGUF_I32: case ST_GGUF_F32: { uint32_t x; memcpy(&x, value, 4); v = x; break; }
+    case ST_GGUF_U16:
+    case ST_GGUF_I16: {
+        uint16_t x;
+        memcpy(&x, value, 2);
+        v = x;
+        break;
+    }
+    case ST_GGUF_U32:
+    case ST_GGUF_I32:
+    case ST_GGUF_F32: {
+        uint32_t x;
+        memcpy(&x, value, 4);
+        v = x;
+        break;
+    }
     default: memcpy(&v, value, 8); break;
     }
     buf b = {0};
@@ -204,14 +225,15 @@ st_status st_gguf_writer_add_str(st_gguf_writer *w, const char *key, const char 
     return st_gguf_writer_add_strn(w, key, v, strlen(v));
 }
 
-st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_vtype elem_type, const void *data,
-                                 uint64_t count) {
+st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_vtype elem_type,
+                                 const void *data, uint64_t count) {
     size_t sz = st_gguf_vtype_size(elem_type);
     if (!sz)
         return st_fail(ST_ERR_ARG, "gguf writer: key '%s': arrays of %s need their own call", key,
                        st_gguf_vtype_name(elem_type));
-    if (count > SIZE_MAX / sz) return st_fail(ST_ERR_ARG, "gguf writer: key '%s': %llu elements overflow", key,
-                                              (unsigned long long)count);
+    if (count > SIZE_MAX / sz)
+        return st_fail(ST_ERR_ARG, "gguf writer: key '%s': %llu elements overflow", key,
+                       (unsigned long long)count);
     buf b = {0};
     st_status s = buf_le(&b, ST_GGUF_ARRAY, 4);
     if (s == ST_OK) s = buf_le(&b, elem_type, 4);
@@ -222,11 +244,20 @@ st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_vty
     for (uint64_t i = 0; i < count && s == ST_OK; i++) {
         uint64_t v = 0;
         const uint8_t *e = src + i * sz;
-        if (elem_type == ST_GGUF_BOOL) v = *(const bool *)e ? 1 : 0;
-        else if (sz == 1) v = e[0];
-        else if (sz == 2) { uint16_t x; memcpy(&x, e, 2); v = x; }
-        else if (sz == 4) { uint32_t x; memcpy(&x, e, 4); v = x; }
-        else memcpy(&v, e, 8);
+        if (elem_type == ST_GGUF_BOOL)
+            v = *(const bool *)e ? 1 : 0;
+        else if (sz == 1)
+            v = e[0];
+        else if (sz == 2) {
+            uint16_t x;
+            memcpy(&x, e, 2);
+            v = x;
+        } else if (sz == 4) {
+            uint32_t x;
+            memcpy(&x, e, 4);
+            v = x;
+        } else
+            memcpy(&v, e, 8);
         s = buf_le(&b, v, (int)sz);
     }
     if (s != ST_OK) {
@@ -236,7 +267,8 @@ st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_vty
     return add_encoded(w, key, &b);
 }
 
-st_status st_gguf_writer_add_str_arr(st_gguf_writer *w, const char *key, const char *const *v, uint64_t count) {
+st_status st_gguf_writer_add_str_arr(st_gguf_writer *w, const char *key, const char *const *v,
+                                     uint64_t count) {
     buf b = {0};
     st_status s = buf_le(&b, ST_GGUF_ARRAY, 4);
     if (s == ST_OK) s = buf_le(&b, ST_GGUF_STRING, 4);
@@ -262,28 +294,32 @@ st_status st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, int64_t i)
     return add_encoded(w, kv->key, &b);
 }
 
-st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims, const int64_t *ne,
-                                    const void *data, size_t bytes) {
+st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims,
+                                    const int64_t *ne, const void *data, size_t bytes) {
     if (!name || !name[0]) return st_fail(ST_ERR_ARG, "gguf writer: empty tensor name");
     const st_type_info *ti = st_type_get((int)type);
     if (!ti) return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': unknown type %d", name, (int)type);
     if (n_dims < 1 || n_dims > ST_GGUF_MAX_DIMS)
-        return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': n_dims %d is not in 1..%d", name, n_dims, ST_GGUF_MAX_DIMS);
+        return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': n_dims %d is not in 1..%d", name, n_dims,
+                       ST_GGUF_MAX_DIMS);
     uint64_t nelem = 1;
     for (int d = 0; d < n_dims; d++) {
         if (ne[d] <= 0 || nelem > (uint64_t)INT64_MAX / (uint64_t)ne[d])
-            return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': bad dimension ne[%d] = %lld", name, d, (long long)ne[d]);
+            return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': bad dimension ne[%d] = %lld", name, d,
+                           (long long)ne[d]);
         nelem *= (uint64_t)ne[d];
     }
     if (ne[0] % ti->block)
-        return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': ne[0] = %lld is not a multiple of the %s block size %d",
+        return st_fail(ST_ERR_ARG,
+                       "gguf writer: tensor '%s': ne[0] = %lld is not a multiple of the %s block size %d",
                        name, (long long)ne[0], ti->name, ti->block);
     uint64_t want = nelem / (uint64_t)ti->block * (uint64_t)ti->block_bytes;
     if (want != bytes)
-        return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': %zu bytes given, its type and shape need %llu", name,
-                       bytes, (unsigned long long)want);
+        return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': %zu bytes given, its type and shape need %llu",
+                       name, bytes, (unsigned long long)want);
     for (int64_t i = 0; i < w->n_t; i++)
-        if (!strcmp(w->t[i].name, name)) return st_fail(ST_ERR_ARG, "gguf writer: duplicate tensor name '%s'", name);
+        if (!strcmp(w->t[i].name, name))
+            return st_fail(ST_ERR_ARG, "gguf writer: duplicate tensor name '%s'", name);
     ST_TRY(grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t));
     size_t len = strlen(name) + 1;
     char *n = st_alloc(len);
@@ -309,8 +345,8 @@ static st_status put(sink *s, const void *p, size_t n) {
     s->pos += n;
     if (!s->f) return buf_put(&s->mem, p, n);
     if (n && fwrite(p, 1, n, s->f) != n)
-        return st_fail(ST_ERR_IO, "%s: write failed at byte %llu: %s", s->path, (unsigned long long)(s->pos - n),
-                       strerror(errno));
+        return st_fail(ST_ERR_IO, "%s: write failed at byte %llu: %s", s->path,
+                       (unsigned long long)(s->pos - n), strerror(errno));
     return ST_OK;
 }
 

@@ -7,7 +7,10 @@
 
 #include "gguf/gguf.h"
 
-#define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
+#define CHECK(c)                                                                                             \
+    do {                                                                                                     \
+        if (!(c)) __builtin_trap();                                                                          \
+    } while (0)
 
 static volatile uint8_t sink;
 
@@ -16,12 +19,24 @@ static void walk(const st_gguf *g) {
         const st_gguf_kv *kv = st_gguf_kv_at(g, i);
         const char *key = st_gguf_key(g, i);
         CHECK(kv && key && st_gguf_find_key(g, key) == i && st_gguf_kv_type(g, i) == kv->type);
-        uint32_t u32; uint64_t u64; int64_t i64; float f; double d; bool b; const char *s; size_t len;
-        (void)st_gguf_get_u32(g, key, &u32); (void)st_gguf_get_u64(g, key, &u64);
-        (void)st_gguf_get_i64(g, key, &i64); (void)st_gguf_get_f32(g, key, &f);
-        (void)st_gguf_get_f64(g, key, &d); (void)st_gguf_get_bool(g, key, &b);
+        uint32_t u32;
+        uint64_t u64;
+        int64_t i64;
+        float f;
+        double d;
+        bool b;
+        const char *s;
+        size_t len;
+        (void)st_gguf_get_u32(g, key, &u32);
+        (void)st_gguf_get_u64(g, key, &u64);
+        (void)st_gguf_get_i64(g, key, &i64);
+        (void)st_gguf_get_f32(g, key, &f);
+        (void)st_gguf_get_f64(g, key, &d);
+        (void)st_gguf_get_bool(g, key, &b);
         if (st_gguf_get_str(g, key, &s, &len) && len) sink ^= (uint8_t)(s[0] ^ s[len - 1]);
-        st_gguf_vtype et; uint64_t count; const void *data;
+        st_gguf_vtype et;
+        uint64_t count;
+        const void *data;
         if (!st_gguf_get_arr(g, key, &et, &count, &data)) continue;
         for (uint64_t k = 0; k < count; k++) {
             if (et == ST_GGUF_STRING) {

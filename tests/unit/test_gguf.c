@@ -135,11 +135,18 @@ static void test_roundtrip_all_types(void **state) {
     int64_t a_i64[] = {-5, 1ll << 62};
     double a_f64[] = {1e300, -0.125};
     const char *a_str[] = {"a", "", "ccc", "Ġhello"};
-    struct { const char *k; st_gguf_vtype t; const void *p; uint64_t n; } arrs[] = {
-        {"a.u8", ST_GGUF_U8, a_u8, 3},    {"a.i8", ST_GGUF_I8, a_i8, 3},       {"a.u16", ST_GGUF_U16, a_u16, 2},
-        {"a.i16", ST_GGUF_I16, a_i16, 2}, {"a.u32", ST_GGUF_U32, a_u32, 2},    {"a.i32", ST_GGUF_I32, a_i32, 2},
-        {"a.f32", ST_GGUF_F32, a_f32, 2}, {"a.bool", ST_GGUF_BOOL, a_bool, 3}, {"a.u64", ST_GGUF_U64, a_u64, 2},
-        {"a.i64", ST_GGUF_I64, a_i64, 2}, {"a.f64", ST_GGUF_F64, a_f64, 2},    {"a.empty", ST_GGUF_I32, a_i32, 0},
+    struct {
+        const char *k;
+        st_gguf_vtype t;
+        const void *p;
+        uint64_t n;
+    } arrs[] = {
+        {"a.u8", ST_GGUF_U8, a_u8, 3},    {"a.i8", ST_GGUF_I8, a_i8, 3},
+        {"a.u16", ST_GGUF_U16, a_u16, 2}, {"a.i16", ST_GGUF_I16, a_i16, 2},
+        {"a.u32", ST_GGUF_U32, a_u32, 2}, {"a.i32", ST_GGUF_I32, a_i32, 2},
+        {"a.f32", ST_GGUF_F32, a_f32, 2}, {"a.bool", ST_GGUF_BOOL, a_bool, 3},
+        {"a.u64", ST_GGUF_U64, a_u64, 2}, {"a.i64", ST_GGUF_I64, a_i64, 2},
+        {"a.f64", ST_GGUF_F64, a_f64, 2}, {"a.empty", ST_GGUF_I32, a_i32, 0},
     };
     for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++)
         assert_int_equal(st_gguf_writer_add_arr(w, arrs[i].k, arrs[i].t, arrs[i].p, arrs[i].n), ST_OK);
@@ -191,7 +198,8 @@ static void test_roundtrip_all_types(void **state) {
     assert_true(st_gguf_get_i64(g, "k.i32", &vi64) && vi64 == i32);
     assert_true(st_gguf_get_f32(g, "k.f32", &vf) && vf == 1.5e-6f);
     assert_true(st_gguf_get_bool(g, "k.bool", &vb) && vb);
-    assert_true(st_gguf_get_str(g, "k.str", &str, &len) && len == strlen("héllo") && !memcmp(str, "héllo", len));
+    assert_true(st_gguf_get_str(g, "k.str", &str, &len) && len == strlen("héllo") &&
+                !memcmp(str, "héllo", len));
     assert_true(st_gguf_get_u64(g, "k.u64", &vu64) && vu64 == u64);
     assert_false(st_gguf_get_i64(g, "k.u64", &vi64)); // does not fit
     assert_false(st_gguf_get_u32(g, "k.u64", &vu32));
@@ -207,7 +215,8 @@ static void test_roundtrip_all_types(void **state) {
     st_gguf_vtype et;
     uint64_t cnt;
     const void *ad;
-    assert_true(st_gguf_get_arr(g, "a.u8", &et, &cnt, &ad) && et == ST_GGUF_U8 && cnt == 3 && !memcmp(ad, a_u8, 3));
+    assert_true(st_gguf_get_arr(g, "a.u8", &et, &cnt, &ad) && et == ST_GGUF_U8 && cnt == 3 &&
+                !memcmp(ad, a_u8, 3));
     assert_true(st_gguf_arr_i64(g, "a.i8", 0, &vi64) && vi64 == -1);
     assert_true(st_gguf_arr_i64(g, "a.u16", 1, &vi64) && vi64 == 65535);
     assert_true(st_gguf_arr_i64(g, "a.i16", 0, &vi64) && vi64 == -32768);
@@ -255,7 +264,8 @@ static void test_roundtrip_all_types(void **state) {
 
     // Copying every key into a new file gives the same metadata bytes.
     st_gguf_writer *w2 = st_gguf_writer_create();
-    for (int64_t i = 0; i < st_gguf_kv_count(g); i++) assert_int_equal(st_gguf_writer_copy_kv(w2, g, i), ST_OK);
+    for (int64_t i = 0; i < st_gguf_kv_count(g); i++)
+        assert_int_equal(st_gguf_writer_copy_kv(w2, g, i), ST_OK);
     void *data2;
     size_t size2;
     assert_int_equal(st_gguf_writer_write_memory(w2, &data2, &size2), ST_OK);
@@ -390,11 +400,13 @@ static void test_bad_header(void **state) {
     expect_fail(b, ST_ERR_UNSUPPORTED, "big-endian", NULL);
     good_file(b, NULL, NULL);
     b->n = 20;
-    expect_fail(b, ST_ERR_FORMAT, "m.gguf: header: kv_count at byte 16 needs 8 bytes but the file ends at byte 20", NULL);
+    expect_fail(b, ST_ERR_FORMAT,
+                "m.gguf: header: kv_count at byte 16 needs 8 bytes but the file ends at byte 20", NULL);
     // Counts that cannot fit in the file are refused before any allocation.
     good_file(b, NULL, NULL);
     memset(b->p + 8, 0xff, 7);
-    expect_fail(b, ST_ERR_FORMAT, "m.gguf: header: tensor_count 72057594037927935 at byte 8 cannot fit", NULL);
+    expect_fail(b, ST_ERR_FORMAT, "m.gguf: header: tensor_count 72057594037927935 at byte 8 cannot fit",
+                NULL);
     good_file(b, NULL, NULL);
     memset(b->p + 16, 0xff, 8);
     expect_fail(b, ST_ERR_FORMAT, "kv_count 18446744073709551615 at byte 16 cannot fit", NULL);
@@ -406,13 +418,15 @@ static void test_bad_kv(void **state) {
     // Key length past the end.
     good_file(b, NULL, NULL);
     b->p[24 + 5] = 0x10;
-    expect_fail(b, ST_ERR_FORMAT, "m.gguf: key #0 (at byte 24): key length at byte 24 has length", "runs past the end", NULL);
+    expect_fail(b, ST_ERR_FORMAT, "m.gguf: key #0 (at byte 24): key length at byte 24 has length",
+                "runs past the end", NULL);
     // Unknown value type.
     b_hdr(b, 3, 0, 1);
     b_str(b, "k");
     b_le(b, 13, 4);
     b_le(b, 0, 8);
-    expect_fail(b, ST_ERR_FORMAT, "m.gguf: key 'k' (at byte 24): value type 13 at byte 33 is not a GGUF value type", NULL);
+    expect_fail(b, ST_ERR_FORMAT,
+                "m.gguf: key 'k' (at byte 24): value type 13 at byte 33 is not a GGUF value type", NULL);
     // String value length past the end.
     b_hdr(b, 3, 0, 1);
     b_str(b, "name");
@@ -427,7 +441,8 @@ static void test_bad_kv(void **state) {
     b_le(b, ST_GGUF_U32, 4);
     b_le(b, 1ull << 40, 8);
     b_zeros(b, 16);
-    expect_fail(b, ST_ERR_FORMAT, "key 'arr' (at byte 24): array count 1099511627776 at byte 43 cannot fit", NULL);
+    expect_fail(b, ST_ERR_FORMAT, "key 'arr' (at byte 24): array count 1099511627776 at byte 43 cannot fit",
+                NULL);
     // Bad array element type.
     b_hdr(b, 3, 0, 1);
     b_str(b, "arr");
@@ -483,8 +498,12 @@ static void test_bad_kv(void **state) {
         } else {
             b_kv_u32(b, "general.alignment", k == 0 ? 48 : 0);
         }
-        if (k == 2) expect_fail(b, ST_ERR_FORMAT, "m.gguf: key 'general.alignment' (value at byte 53) is a string", NULL);
-        else expect_fail(b, ST_ERR_FORMAT, "m.gguf: key 'general.alignment' (value at byte 53) = ", "not a power of two", NULL);
+        if (k == 2)
+            expect_fail(b, ST_ERR_FORMAT, "m.gguf: key 'general.alignment' (value at byte 53) is a string",
+                        NULL);
+        else
+            expect_fail(b, ST_ERR_FORMAT,
+                        "m.gguf: key 'general.alignment' (value at byte 53) = ", "not a power of two", NULL);
     }
 }
 
@@ -496,7 +515,8 @@ static void test_bad_tensor_info(void **state) {
     // n_dims 5.
     good_file(b, &ia, &ib);
     b->p[ib + 8 + 1] = 5;
-    snprintf(want, sizeof want, "m.gguf: tensor 'b' (info at byte %zu): n_dims 5 at byte %zu is not in 1..4", ib, ib + 9);
+    snprintf(want, sizeof want, "m.gguf: tensor 'b' (info at byte %zu): n_dims 5 at byte %zu is not in 1..4",
+             ib, ib + 9);
     expect_fail(b, ST_ERR_FORMAT, want, NULL);
     good_file(b, &ia, &ib);
     b->p[ib + 8 + 1] = 0;
@@ -504,13 +524,15 @@ static void test_bad_tensor_info(void **state) {
     // A zero dimension.
     good_file(b, &ia, &ib);
     memset(b->p + ia + 9 + 4 + 8, 0, 8);
-    snprintf(want, sizeof want, "m.gguf: tensor 'a' (info at byte %zu): ne[1] = 0 at byte %zu is not in", ia, ia + 21);
+    snprintf(want, sizeof want, "m.gguf: tensor 'a' (info at byte %zu): ne[1] = 0 at byte %zu is not in", ia,
+             ia + 21);
     expect_fail(b, ST_ERR_FORMAT, want, NULL);
     // Element count overflow.
     b_hdr(b, 3, 1, 0);
     int64_t big[3] = {1ll << 32, 1ll << 20, 1ll << 20};
     b_tinfo(b, "huge", 3, big, ST_TYPE_F32, 0);
-    expect_fail(b, ST_ERR_FORMAT, "m.gguf: tensor 'huge' (info at byte 24): the element count overflows at ne[2]", NULL);
+    expect_fail(b, ST_ERR_FORMAT,
+                "m.gguf: tensor 'huge' (info at byte 24): the element count overflows at ne[2]", NULL);
     // Byte size overflow (the element count fits, the bytes do not).
     b_hdr(b, 3, 1, 0);
     int64_t big2[2] = {1ll << 32, 1ll << 29};
@@ -519,19 +541,23 @@ static void test_bad_tensor_info(void **state) {
     // Unknown type.
     good_file(b, &ia, &ib);
     b->p[ib + 9 + 4 + 8] = 4; // id 4 was removed from ggml
-    snprintf(want, sizeof want, "m.gguf: tensor 'b' (info at byte %zu): type 4 at byte %zu is not a known tensor type", ib,
+    snprintf(want, sizeof want,
+             "m.gguf: tensor 'b' (info at byte %zu): type 4 at byte %zu is not a known tensor type", ib,
              ib + 21);
     expect_fail(b, ST_ERR_UNSUPPORTED, want, NULL);
     // ne0 not a multiple of the block size.
     good_file(b, &ia, &ib);
     b->p[ib + 9 + 4] = 31;
-    snprintf(want, sizeof want, "tensor 'b' (info at byte %zu): ne[0] = 31 is not a multiple of the q8_0 block size 32", ib);
+    snprintf(want, sizeof want,
+             "tensor 'b' (info at byte %zu): ne[0] = 31 is not a multiple of the q8_0 block size 32", ib);
     expect_fail(b, ST_ERR_FORMAT, want, NULL);
     // Misaligned offset.
     good_file(b, &ia, &ib);
     b->p[ib + 9 + 4 + 8 + 4] = 65;
-    snprintf(want, sizeof want, "tensor 'b' (info at byte %zu): data offset 65 at byte %zu is not a multiple of the alignment 32",
-             ib, ib + 25);
+    snprintf(
+        want, sizeof want,
+        "tensor 'b' (info at byte %zu): data offset 65 at byte %zu is not a multiple of the alignment 32", ib,
+        ib + 25);
     expect_fail(b, ST_ERR_FORMAT, want, NULL);
     // Data past the end of the file.
     good_file(b, &ia, &ib);
@@ -553,7 +579,8 @@ static void test_bad_tensor_info(void **state) {
     // Duplicate tensor names.
     good_file(b, &ia, &ib);
     b->p[ib + 8] = 'a';
-    snprintf(want, sizeof want, "m.gguf: tensor 'a' (info at byte %zu): duplicate tensor name (the info at byte %zu", ib, ia);
+    snprintf(want, sizeof want,
+             "m.gguf: tensor 'a' (info at byte %zu): duplicate tensor name (the info at byte %zu", ib, ia);
     expect_fail(b, ST_ERR_FORMAT, want, NULL);
     // Empty tensor name.
     b_hdr(b, 3, 1, 0);
@@ -574,7 +601,8 @@ static void write_shard(const char *dir, int i, int n, int split_no, const char 
     uint16_t no = (uint16_t)split_no, cnt = (uint16_t)n;
     assert_int_equal(st_gguf_writer_add_scalar(w, "split.no", ST_GGUF_U16, &no), ST_OK);
     assert_int_equal(st_gguf_writer_add_scalar(w, "split.count", ST_GGUF_U16, &cnt), ST_OK);
-    if (tensors_count >= 0) assert_int_equal(st_gguf_writer_add_i32(w, "split.tensors.count", tensors_count), ST_OK);
+    if (tensors_count >= 0)
+        assert_int_equal(st_gguf_writer_add_i32(w, "split.tensors.count", tensors_count), ST_OK);
     float v[4] = {(float)i, 1, 2, 3};
     int64_t ne = 4;
     assert_int_equal(st_gguf_writer_add_tensor(w, tensor, ST_TYPE_F32, 1, &ne, v, sizeof v), ST_OK);
@@ -635,7 +663,8 @@ static void test_shards(void **state) {
     write_shard(dir, 1, 3, 1, "t1", -1);
     write_shard(dir, 0, 3, 0, "t0", 4);
     assert_int_equal(st_gguf_open(p2, &g), ST_ERR_FORMAT);
-    assert_non_null(strstr(st_error(), "model-00001-of-00003.gguf: key 'split.tensors.count' does not match the 3 tensors"));
+    assert_non_null(strstr(
+        st_error(), "model-00001-of-00003.gguf: key 'split.tensors.count' does not match the 3 tensors"));
     write_shard(dir, 0, 3, 0, "t0", 3);
     char extra[512];
     snprintf(extra, sizeof extra, "%s/single.gguf", dir);
