@@ -624,7 +624,7 @@ static bool do_slice(rctx *c, const jnode *at, jval obj, jval vs, jval ve, jval 
         if (n == (size_t)-1) return oom(c, at);
     } else
         return fail(c, at, ST_ERR_ARG, "'%s' object is not subscriptable", jv_type_name(obj));
-    int64_t b, e, st;
+    int64_t b = 0, e = 0, st = 1; // set by slice_indices (gcc -O2 cannot see it)
     if (!slice_indices(c, at, vs, ve, vp, n, &b, &e, &st)) return false;
     size_t cnt = 0;
     if (st > 0 && b < e) cnt = (size_t)((e - b - 1) / st + 1);
