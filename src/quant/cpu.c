@@ -130,6 +130,8 @@ float st_vec_dot(st_type type, int64_t n, const void *w, const void *x) {
 
 typedef struct mm_ctx {
     const st_matmul_args *a;
+    int64_t chunk;          // rows per work item
+    _Atomic int64_t next;   // next unclaimed row
     st_dot_fn dot;
     st_dot_multi_fn multi;
     size_t w_row_bytes;
@@ -164,12 +166,18 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     }
 }
 
+// Threads claim chunks of rows from a shared counter: on shared or virtual machines a thread can
+// be descheduled for a while, and a static split would make every call wait for the slowest.
 static void mm_task(void *ctx, int ith, int nth) {
-    const mm_ctx *c = ctx;
+    (void)ith;
+    (void)nth;
+    mm_ctx *c = ctx;
     int64_t rows = c->a->rows;
-    // Equal row ranges; rows of one type cost the same, so static splitting balances.
-    int64_t r0 = rows * ith / nth, r1 = rows * (ith + 1) / nth;
-    if (r0 < r1) mm_rows(c, r0, r1);
+    for (;;) {
+        int64_t r0 = atomic_fetch_add_explicit(&c->next, c->chunk, memory_order_relaxed);
+        if (r0 >= rows) break;
+        mm_rows(c, r0, r0 + c->chunk < rows ? r0 + c->chunk : rows);
+    }
 }
 
 void st_matmul(st_pool *pool, const st_matmul_args *args) {
@@ -187,6 +195,13 @@ void st_matmul(st_pool *pool, const st_matmul_args *args) {
     if (args->rows == 0) return;
     // Tiny products are not worth waking the pool for.
     int64_t work = args->rows * args->n * args->nx;
-    if (!pool || work < 32 * 1024) mm_task(&c, 0, 1);
+    int nth = pool && work >= 32 * 1024 ? st_pool_size(pool) : 1;
+    // About 8 chunks per thread (enough to even out a late thread), at least 16 rows each and
+    // a multiple of 16 so chunks start on whole cache lines of the output for nx == 1.
+    int64_t chunk = (args->rows + 8 * nth - 1) / (8 * nth);
+    chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
+    c.chunk = chunk;
+    atomic_init(&c.next, 0);
+    if (nth == 1) mm_task(&c, 0, 1);
     else st_pool_run(pool, mm_task, &c);
 }

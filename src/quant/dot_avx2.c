@@ -97,6 +97,7 @@ AI void q8_0_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
         __m256i aq = _mm256_sign_epi8(q, q);
         float dw = f16(b[i].d);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_0 *y = XROW(block_q8_0, r) + i;
             __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
@@ -104,6 +105,7 @@ AI void q8_0_rows(int64_t n, const int NR, float *s, const void *w, const void *
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(q8_0, q8_0_rows)
@@ -140,6 +142,7 @@ AI void legacy_signed_rows(const int kind, int64_t n, const int NR, float *s, co
             q = kind == 1 ? _mm256_shuffle_epi8(tbl, q) : _mm256_sub_epi8(q, _mm256_set1_epi8(8));
         }
         __m256i aq = _mm256_sign_epi8(q, q);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_0 *y = XROW(block_q8_0, r) + i;
             __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
@@ -147,6 +150,7 @@ AI void legacy_signed_rows(const int kind, int64_t n, const int NR, float *s, co
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 AI void q4_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
@@ -188,6 +192,7 @@ AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, cons
             mw = f16(b->m);
             q = nibbles_32(b->qs);
         }
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_1 *y = XROW(block_q8_1, r) + i;
             __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
@@ -196,6 +201,7 @@ AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, cons
             summ[r] += mw * f16(y->s);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + summ[r];
 }
 AI void q4_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
@@ -252,12 +258,14 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
         __m256i q[8];
         __m256i hb = is_q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh)
                            : _mm256_setzero_si256();
+        #pragma GCC unroll 8
         for (int j = 0; j < 4; j++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             q[2 * j] = _mm256_and_si256(v, m4);
             q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             if (is_q5) {
                 // Bit s of qh[l] is the 5th bit of element 32s + l.
+                #pragma GCC unroll 8
                 for (int h = 0; h < 2; h++) {
                     __m256i bit = _mm256_and_si256(hb, _mm256_set1_epi8(1));
                     q[2 * j + h] = _mm256_or_si256(q[2 * j + h], _mm256_slli_epi16(bit, 4));
@@ -266,10 +274,13 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
             }
         }
         __m256i scj[8];
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) scj[j] = bcast16(sc, j);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i sumi = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
                 __m256i p = _mm256_maddubs_epi16(q[j], qy);
@@ -280,6 +291,7 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
             accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * y->d), _mm_cvtepi32_ps(pm), accm[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) - hsum_ps128(accm[r]);
 }
 AI void q4_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
@@ -304,6 +316,7 @@ AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m128i sc8 = _mm_loadu_si128((const __m128i *)b[i].scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         __m256i q[8], scp[8];
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
@@ -315,15 +328,18 @@ AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
         }
         // Vector t covers sub-blocks 2t and 2t+1 (16 elements each): int16 scales 8 + 8.
+        #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) {
             __m128i ctl = _mm_set_epi64x(0x0101010101010101LL * (2 * t + 1), 0x0101010101010101LL * (2 * t));
             scp[t] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctl));
         }
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
             __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
             sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+            #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
@@ -331,6 +347,7 @@ AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(q6_K, q6_K_rows)
@@ -368,14 +385,17 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
         __m128i ls = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)ls8)), _mm_set1_epi16(32));
         __m256i sc = _mm256_broadcastsi128_si256(ls);
         __m256i q[8], aq[8], scj[8];
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             q[j] = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 16 * j));
             aq[j] = _mm256_sign_epi8(q[j], q[j]);
             scj[j] = bcast16(sc, j);
         }
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i sumi = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
                 __m256i p = _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(qy, q[j]));
@@ -384,6 +404,7 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(iq4_xs, iq4_xs_rows)
@@ -409,14 +430,19 @@ AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(15));
         __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
         __m256i q[8], scp[8];
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            #pragma GCC unroll 8
             for (int j = 0; j < 4; j++) q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
         }
+        #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) scp[t] = pair_scales(sc8, t);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i sumi = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
@@ -427,6 +453,7 @@ AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d), f, acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(q2_K, q2_K_rows)
@@ -458,19 +485,24 @@ AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m256i q[8], scp[8];
         // Element 128h + 32j + l: 2 bits from qs[32h + l] >> 2j, the 3rd from hmask bit 4h + j;
         // stored unsigned (q + 4), the 4 * sum(scale * bsum) correction comes per row.
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            #pragma GCC unroll 8
             for (int j = 0; j < 4; j++) {
                 __m256i hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
                 hm = _mm256_srli_epi16(hm, 1);
                 q[4 * h + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3), hb);
             }
         }
+        #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) scp[t] = pair_scales(sc8, t);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
             __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+            #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
@@ -478,6 +510,7 @@ AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(q3_K, q3_K_rows)
@@ -575,10 +608,13 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
         memcpy(&dh, blk, 2); // every IQ2/IQ3 block starts with d
         float d = f16(dh) * factor;
         __m256i grid[8], sgn[8], sc[8];
+        #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) iq_group(kind, blk, g, &grid[g], &sgn[g], &sc[g]);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i sumi = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
                 __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), sgn[g]);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(grid[g], qy), sc[g]));
@@ -586,6 +622,7 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 #define IQ_ROWS(name, kind)                                                                     \
@@ -612,6 +649,7 @@ AI void iq1_s_rows(int64_t n, const int NR, float *s, const void *w, const void 
         float d = f16(b[i].d);
         __m256i grid[8], sc[8];
         int16_t lsd[8];
+        #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
             unsigned h = b[i].qh[g];
             const uint8_t *q = b[i].qs + 4 * g;
@@ -622,9 +660,11 @@ AI void iq1_s_rows(int64_t n, const int NR, float *s, const void *w, const void 
             lsd[g] = (int16_t)(h & 0x8000 ? -ls : ls);
         }
         __m128i lsdv = _mm_loadu_si128((const __m128i *)lsd);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i sumi = _mm256_setzero_si256();
+            #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
                 __m256i p = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), grid[g]);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), sc[g]));
@@ -637,6 +677,7 @@ AI void iq1_s_rows(int64_t n, const int NR, float *s, const void *w, const void 
             accd[r] = _mm_fmadd_ps(_mm_set1_ps(dd * ST_IQ1_DELTA), _mm_cvtepi32_ps(ds), accd[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + hsum_ps128(accd[r]);
 }
 DEFINE_DOTS(iq1_s, iq1_s_rows)
@@ -660,16 +701,19 @@ AI float load1(const int kind, const void *p, int64_t i) {
 AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                    const void *x, size_t xs) {
     __m256 acc[4][2];
+    #pragma GCC unroll 8
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 w0 = load8(kind, w, i), w1 = load8(kind, w, i + 8);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const void *y = (const uint8_t *)x + (size_t)r * xs;
             acc[r][0] = _mm256_fmadd_ps(w0, load8(kind, y, i), acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(w1, load8(kind, y, i + 8), acc[r][1]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         const void *y = (const uint8_t *)x + (size_t)r * xs;
         float t = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));

@@ -142,6 +142,7 @@ AI void legacy_rows(const int kind, int64_t n, const int NR, float *s, const voi
         __m512i q = join256(q0, q1);
         __m512i aq = with_min ? q : _mm512_abs_epi8(q);
         __mmask64 neg = with_min ? 0 : _mm512_movepi8_mask(q);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             // Q8_0 and Q8_1 share d at offset 0; qs sits at 2 or 4.
             const uint8_t *y0 = (const uint8_t *)x + (size_t)r * xs +
@@ -162,6 +163,7 @@ AI void legacy_rows(const int kind, int64_t n, const int NR, float *s, const voi
             }
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]) + summ[r];
 }
 
@@ -206,6 +208,7 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
         __m512i q[4], scj[4];
         __m512i qh2 = is_q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh))
                             : _mm512_setzero_si512();
+        #pragma GCC unroll 8
         for (int j = 0; j < 4; j++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             q[j] = join256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
@@ -217,13 +220,17 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
             }
             scj[j] = spread16(sc, 2 * j, 16);
         }
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m512i sumi = _mm512_setzero_si512();
-            for (int j = 0; j < 4; j++) {
-                __m512i qy = _mm512_loadu_si512(y->qs + 64 * j);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[j], qy), scj[j]);
+            // Two accumulators: vpdpwssd's latency would otherwise chain the four steps.
+            __m512i sumi = _mm512_setzero_si512(), sumi1 = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int j = 0; j < 4; j += 2) {
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(y->qs + 64 * j)), scj[j]);
+                sumi1 = _mm512_dpwssd_epi32(sumi1, _mm512_maddubs_epi16(q[j + 1], _mm512_loadu_si512(y->qs + 64 * j + 64)), scj[j + 1]);
             }
+            sumi = _mm512_add_epi32(sumi, sumi1);
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
             __m128i b0 = _mm_loadu_si128((const __m128i *)y->bsums);
             __m128i b1 = _mm_loadu_si128((const __m128i *)(y->bsums + 8));
@@ -231,6 +238,7 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
             accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * y->d), _mm_cvtepi32_ps(pm), accm[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]) - hsum_ps128(accm[r]);
 }
 AI void q4_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
@@ -255,6 +263,7 @@ AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
         __m512i sc = _mm512_castsi256_si512(sc16);
         __m512i q[4], scp[4];
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
@@ -267,19 +276,25 @@ AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
             q[2 * h] = join256(e0, e1);
             q[2 * h + 1] = join256(e2, e3);
         }
+        #pragma GCC unroll 8
         for (int t = 0; t < 4; t++) scp[t] = spread16(sc, 4 * t, 8);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
             __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
             __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
-            for (int t = 0; t < 4; t++) {
-                __m512i qy = _mm512_loadu_si512(y->qs + 64 * t);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[t], qy), scp[t]);
+            __m512i sumi1 = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int t = 0; t < 4; t += 2) {
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[t], _mm512_loadu_si512(y->qs + 64 * t)), scp[t]);
+                sumi1 = _mm512_dpwssd_epi32(sumi1, _mm512_maddubs_epi16(q[t + 1], _mm512_loadu_si512(y->qs + 64 * t + 64)), scp[t + 1]);
             }
+            sumi = _mm512_add_epi32(sumi, sumi1);
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
 }
 DEFINE_DOTS(q6_K, q6_K_rows)
@@ -318,6 +333,7 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
         __m512i sc = _mm512_castsi128_si512(ls);
         __m512i aq[4], scj[4];
         __mmask64 neg[4];
+        #pragma GCC unroll 8
         for (int j = 0; j < 4; j++) {
             __m256i v0 = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 32 * j));
             __m256i v1 = _mm256_shuffle_epi8(tbl, nibbles_32(b[i].qs + 32 * j + 16));
@@ -326,17 +342,22 @@ AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void
             neg[j] = _mm512_movepi8_mask(q);
             scj[j] = spread16(sc, 2 * j, 16);
         }
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m512i sumi = _mm512_setzero_si512();
+            __m512i sumi = _mm512_setzero_si512(), sumi1 = _mm512_setzero_si512();
+            #pragma GCC unroll 8
             for (int j = 0; j < 4; j++) {
                 __m512i qy = _mm512_loadu_si512(y->qs + 64 * j);
                 qy = _mm512_mask_sub_epi8(qy, neg[j], _mm512_setzero_si512(), qy);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(aq[j], qy), scj[j]);
+                if (j & 1) sumi1 = _mm512_dpwssd_epi32(sumi1, _mm512_maddubs_epi16(aq[j], qy), scj[j]);
+                else sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(aq[j], qy), scj[j]);
             }
+            sumi = _mm512_add_epi32(sumi, sumi1);
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
 }
 DEFINE_DOTS(iq4_xs, iq4_xs_rows)
@@ -359,16 +380,19 @@ AI float load1(const int kind, const void *p, int64_t i) {
 AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                    const void *x, size_t xs) {
     __m512 acc[4][2];
+    #pragma GCC unroll 8
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 w0 = load16(kind, w, i), w1 = load16(kind, w, i + 16);
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const void *y = (const uint8_t *)x + (size_t)r * xs;
             acc[r][0] = _mm512_fmadd_ps(w0, load16(kind, y, i), acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(w1, load16(kind, y, i + 16), acc[r][1]);
         }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         const void *y = (const uint8_t *)x + (size_t)r * xs;
         float t = hsum512(_mm512_add_ps(acc[r][0], acc[r][1]));
