@@ -600,6 +600,7 @@ static jnode *parse_postfix(parser *p, jnode *e) {
             jnode *x = node(p, E_CALL, t);
             if (!x) return NULL;
             x->a = e;
+            x->line = e->line, x->col = e->col; // errors point at what is called
             if (!parse_args(p, x)) return NULL;
             e = x;
         } else {
@@ -665,6 +666,7 @@ static jnode *parse_filter_expr(parser *p, jnode *e) {
             jnode *x = node(p, E_CALL, t);
             if (!x) return NULL;
             x->a = e;
+            x->line = e->line, x->col = e->col; // errors point at what is called
             if (!parse_args(p, x)) return NULL;
             e = x;
         } else {
@@ -1274,8 +1276,9 @@ static bool parse_body(parser *p, const char *const *ends, jnode ***body, int *n
         jnode *n = NULL;
         if (t->t == T_EOF) {
             if (ends) {
-                perr(p, t->line, t->col, "unexpected end of template: missing {%% %s %%}",
-                     ends[0] && ends[1] && !ends[2] ? ends[1] : ends[2] ? ends[2] : ends[0]);
+                int k = 0; // the closing tag is the last one listed (elif/else come first)
+                while (ends[k + 1]) k++;
+                perr(p, t->line, t->col, "unexpected end of template: missing {%% %s %%}", ends[k]);
                 return false;
             }
             break;
