@@ -69,6 +69,12 @@ typedef struct st_gdn_args {
     int n, h_k, h_v, d;
 } st_gdn_args;
 
+// The chunked form of the same recurrence (REFERENCE.md §3.3 step 8) works on chunks of
+// ST_GDN_CHUNK rows at a time; its per-chunk buffers are (chunk, d) rows on the stack, hence the
+// cap on d (Qwen3-Next has d = 128; the model loader rejects larger heads).
+#define ST_GDN_CHUNK 64
+#define ST_GDN_MAX_D 256
+
 // Depthwise causal conv over time + SiLU: y[t][c] = silu(Σ_j w[c][j] · x[t-K+1+j][c]), where
 // rows before t=0 come from state (the K-1 raw rows before this call), updated in place.
 typedef struct st_conv_args {
@@ -99,7 +105,11 @@ typedef struct st_backend_ops {
                  const int32_t *pos, float base);
     void (*attention)(st_backend *b, const st_attn_args *a);
     void (*conv)(st_backend *b, const st_conv_args *a);
+    // The delta rule one row at a time (decode), and chunk by chunk (prompt chunks); both give
+    // the same outputs and final state up to float rounding.
     void (*gdn)(st_backend *b, const st_gdn_args *a);
+    void (*gdn_chunked)(st_backend *b, const st_gdn_args *a);
+    int gdn_chunked_from; // rows from which the forward calls gdn_chunked (measured); 0: never
     // y (n) += x (n)
     void (*add)(st_backend *b, float *y, const float *x, int64_t n);
     // y (n) = silu(gate) · up

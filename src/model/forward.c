@@ -209,7 +209,9 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n) {
     OP(gdn_gates, s->ba, l->ssm_a, l->dt_bias, s->beta, s->g, n, hk, hv);
     st_gdn_args ga = {.q = s->qh, .k = s->k, .v = s->v, .beta = s->beta, .g = s->g,
                       .state = s->ssm[il], .out = s->att, .n = n, .h_k = hk, .h_v = hv, .d = d};
-    OP(gdn, &ga);
+    const st_backend_ops *ops = s->b->ops; // prompt chunks in the chunked form where it pays
+    bool chunked = ops->gdn_chunked_from > 0 && n >= ops->gdn_chunked_from;
+    (chunked ? ops->gdn_chunked : ops->gdn)(s->b, &ga);
     OP(rmsnorm, s->att, l->ssm_norm, s->att, n * hv, d, hp->eps);
     OP(mul_silu, s->att, z, (int64_t)n * vd);
     OP(matmul, &l->wout, s->att, n, s->y);

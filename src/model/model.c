@@ -75,12 +75,13 @@ static st_status read_hparams(loader *L) {
         ST_TRY(key_u32(L, "ssm.inner_size", true, 0, &inner));
         ST_TRY(key_u32(L, "full_attention_interval", false, 4, &hp->full_attn_interval));
         if (hp->ssm_h_k <= 0 || hp->ssm_h_v <= 0 || hp->ssm_h_v % hp->ssm_h_k || hp->ssm_d <= 0 ||
+            hp->ssm_d > ST_GDN_MAX_D ||
             inner != hp->ssm_h_v * hp->ssm_d || hp->ssm_kernel < 1 || hp->ssm_kernel > 16 ||
             hp->full_attn_interval < 1)
             return st_fail(ST_ERR_FORMAT,
-                           "%s: inconsistent DeltaNet shape: conv_kernel %d, state_size %d, group_count %d, "
+                           "%s: inconsistent DeltaNet shape: conv_kernel %d, state_size %d (at most %d), group_count %d, "
                            "time_step_rank %d, inner_size %d, full_attention_interval %d",
-                           path, hp->ssm_kernel, hp->ssm_d, hp->ssm_h_k, hp->ssm_h_v, inner,
+                           path, hp->ssm_kernel, hp->ssm_d, ST_GDN_MAX_D, hp->ssm_h_k, hp->ssm_h_v, inner,
                            hp->full_attn_interval);
     }
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
