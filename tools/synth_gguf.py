@@ -99,13 +99,13 @@ PRESETS: dict[str, dict] = {
                       ssm_conv=4, ssm_d_k=32, ssm_n_k=2, ssm_n_v=4, ssm_d_v=32, interval=4),
     "qwen3-30b-a3b": dict(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
                           n_ff=6144, n_expert=128, n_expert_used=8, n_ff_exp=768, rope_base=1e6, n_ctx=40960,
-                          vocab="qwen3", n_vocab=151936, router_skew=1.0,
+                          vocab="qwen3", n_vocab=151936, router_skew=0.5,
                           dense_type="q8_0", expert_type="q4_K"),
     "qwen3-next-80b-a3b": dict(arch="qwen3next", n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
                                n_ff=5120, n_expert=512, n_expert_used=10, n_ff_exp=512, n_ff_shexp=512,
                                rope_base=1e7, rope_dim=64, n_ctx=262144, ssm_conv=4, ssm_d_k=128, ssm_n_k=16,
                                ssm_n_v=32, ssm_d_v=128, interval=4, vocab="qwen3", n_vocab=151936,
-                               router_skew=1.0, dense_type="q8_0", expert_type="q4_K"),
+                               router_skew=0.5, dense_type="q8_0", expert_type="q4_K"),
 }
 
 TYPE_NAMES = {t.name.lower(): t for t in QT}
@@ -476,7 +476,8 @@ def qwen3_vocab(tok_dir: Path | None = None):
 def make_vocab(cfg: Config) -> dict:
     v = qwen3_vocab() if cfg.vocab == "qwen3" else byte_vocab(cfg.byte_merges)
     n = len(v["tokens"])
-    want = cfg.n_vocab or n
+    # The released Qwen3 models pad their vocabulary to 151936 rows with [PADn] tokens.
+    want = cfg.n_vocab or (max(n, 151936) if cfg.vocab == "qwen3" else n)
     if want < n:
         raise ValueError(f"--vocab-size {want} is smaller than the {cfg.vocab} tokenizer ({n} tokens)")
     for i in range(n, want):        # filler ids, as the Qwen3 files carry past the last added token
