@@ -63,6 +63,12 @@ void st_dequantize(st_type type, const void *src, float *dst, int64_t n);
 // Quantizes f32 to an activation type (F32, F16, BF16, Q8_0, Q8_1, Q8_K) the way ggml's CPU
 // reference does.
 void st_quantize(st_type type, const float *src, void *dst, int64_t n);
+// Quantizes `rows` rows of n f32 weights (n a multiple of the block size) for storage
+// (quantize_weights.c): F32, F16, BF16, Q8_0 (the same bytes as st_quantize), Q4_0, Q4_1, Q5_0,
+// Q5_1 (the formats' plain rounding, as gguf-py), Q2_K..Q6_K, IQ4_NL, IQ4_XS (searched scales).
+// Deterministic; rows are independent, so callers may split them over threads.
+bool st_quantize_weights_supported(st_type type);
+void st_quantize_weights(st_type type, const float *src, void *dst, int64_t rows, int64_t n);
 
 // ---------------------------------------------------------------------------------------------
 // CPU kernels. Every path computes the same dot products; SIMD paths are tested against the
