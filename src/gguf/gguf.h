@@ -144,6 +144,14 @@ st_status st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, int64_t i)
 // written, so it must stay valid until st_gguf_writer_write returns.
 st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims,
                                     const int64_t *ne, const void *data, size_t bytes);
+// Streaming form, for outputs larger than RAM (`strata quantize`): the data are produced when the
+// file is written, in tensor order: `fill` is called once for this tensor (index = its position)
+// and must pass exactly `bytes` bytes to `put(sink, ...)`, in any number of calls. A failing fill
+// or put status ends the write (and removes the partial file).
+typedef st_status (*st_gguf_put_fn)(void *sink, const void *data, size_t n);
+typedef st_status (*st_gguf_fill_fn)(void *ctx, int64_t index, st_gguf_put_fn put, void *sink);
+st_status st_gguf_writer_add_tensor_fn(st_gguf_writer *w, const char *name, st_type type, int n_dims,
+                                       const int64_t *ne, size_t bytes, st_gguf_fill_fn fill, void *ctx);
 // Writes the file, streaming each tensor from the caller's pointer (padding between them).
 // A failed write removes the partial file.
 st_status st_gguf_writer_write(st_gguf_writer *w, const char *path);

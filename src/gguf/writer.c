@@ -1,6 +1,6 @@
 // gguf: the GGUF writer (v3). Metadata are encoded as they are added; tensors are only recorded
-// and streamed from the caller's pointers when the file is written, so quantizing a model never
-// holds a second copy of it.
+// and streamed from the caller's pointers (or produced by its fill functions) when the file is
+// written, so quantizing a model never holds a second copy of it.
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_internal.h"
@@ -24,6 +24,8 @@ typedef struct wtensor {
     int64_t ne[ST_GGUF_MAX_DIMS];
     const void *data; // the caller's, read at write time
     size_t bytes;
+    st_gguf_fill_fn fill; // or, when set, the producer that writes the data at write time
+    void *fill_ctx;
 } wtensor;
 
 struct st_gguf_writer {
@@ -294,8 +296,9 @@ st_status st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, int64_t i)
     return add_encoded(w, kv->key, &b);
 }
 
-st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims,
-                                    const int64_t *ne, const void *data, size_t bytes) {
+// A tensor's data come either from `data` or, at write time, from `fill`.
+static st_status add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims, const int64_t *ne,
+                            size_t bytes, const void *data, st_gguf_fill_fn fill, void *ctx) {
     if (!name || !name[0]) return st_fail(ST_ERR_ARG, "gguf writer: empty tensor name");
     const st_type_info *ti = st_type_get((int)type);
     if (!ti) return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': unknown type %d", name, (int)type);
@@ -326,9 +329,21 @@ st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type
     if (!n) return ST_ERR_NOMEM;
     memcpy(n, name, len);
     wtensor *t = &w->t[w->n_t++];
-    *t = (wtensor){.name = n, .type = type, .n_dims = n_dims, .data = data, .bytes = bytes};
+    *t = (wtensor){.name = n, .type = type, .n_dims = n_dims, .data = data, .bytes = bytes, .fill = fill,
+                   .fill_ctx = ctx};
     for (int d = 0; d < ST_GGUF_MAX_DIMS; d++) t->ne[d] = d < n_dims ? ne[d] : 1;
     return ST_OK;
+}
+
+st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, st_type type, int n_dims,
+                                    const int64_t *ne, const void *data, size_t bytes) {
+    return add_tensor(w, name, type, n_dims, ne, bytes, data, NULL, NULL);
+}
+
+st_status st_gguf_writer_add_tensor_fn(st_gguf_writer *w, const char *name, st_type type, int n_dims,
+                                       const int64_t *ne, size_t bytes, st_gguf_fill_fn fill, void *ctx) {
+    if (!fill) return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': no fill function", name ? name : "");
+    return add_tensor(w, name, type, n_dims, ne, bytes, NULL, fill, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,6 +370,8 @@ static st_status put_le(sink *s, uint64_t v, int n) {
     for (int i = 0; i < n; i++) x[i] = (uint8_t)(v >> (8 * i));
     return put(s, x, (size_t)n);
 }
+
+static st_status fill_put(void *s, const void *p, size_t n) { return put(s, p, n); }
 
 static st_status pad(sink *s, uint32_t alignment) {
     static const uint8_t zeros[256];
@@ -398,7 +415,16 @@ static st_status emit(st_gguf_writer *w, sink *s) {
     }
     ST_TRY(pad(s, w->alignment));
     for (int64_t i = 0; i < w->n_t; i++) {
-        ST_TRY(put(s, w->t[i].data, w->t[i].bytes));
+        const wtensor *t = &w->t[i];
+        if (t->fill) {
+            uint64_t start = s->pos;
+            ST_TRY(t->fill(t->fill_ctx, i, fill_put, s));
+            if (s->pos - start != t->bytes)
+                return st_fail(ST_ERR_ARG, "gguf writer: tensor '%s': fill wrote %llu bytes, not %zu", t->name,
+                               (unsigned long long)(s->pos - start), t->bytes);
+        } else {
+            ST_TRY(put(s, t->data, t->bytes));
+        }
         ST_TRY(pad(s, w->alignment));
     }
     return ST_OK;

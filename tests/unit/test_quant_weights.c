@@ -83,8 +83,8 @@ static void test_error_bounds(void **state) {
     for (int c = 0; c < N_CASES; c++) {
         assert_true(st_quantize_weights_supported(cases[c].type));
         double e = rel_rmse(cases[c].type, x, ROWS, COLS);
-        print_message("%-7s relative RMSE %.3e (bound %.1e)%s\n", st_type_name(cases[c].type), e, cases[c].bound,
-                      e <= cases[c].bound ? "" : "  OVER");
+        print_message("%-7s relative RMSE %.3e (bound %.2e)%s\n", st_type_name(cases[c].type), e,
+                      cases[c].bound, e <= cases[c].bound ? "" : "  OVER");
         over += e > cases[c].bound;
     }
     test_free(x);
