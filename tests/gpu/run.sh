@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU test machine's one script: builds Strata (or uses a build carried there), runs every
+# test that can run on that machine (the C unit tests on every CPU path it has, AVX-512 included,
+# and the integration tests), then the benchmarks. Logs go to $OUT; the summary table is last.
+#
+#   tests/gpu/run.sh                 build from source into build-gpu/ (needs the dev libraries)
+#   STRATA_GPU_BUILD=build-dev tests/gpu/run.sh
+#                                    use binaries built elsewhere (libraries in build-dev/lib)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/strata-gpu}
+mkdir -p "$OUT"
+LOG="$OUT/run.log"
+: > "$LOG"
+rows=()
+say() { echo "$*" | tee -a "$LOG"; }
+row() { rows+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")"); }
+
+say "== machine"
+{ nvidia-smi -L 2>&1 || true; lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-300; free -g | head -2; } | tee -a "$LOG"
+
+# Python packages the integration tests need and the machine lacks (carried as wheels in .whl).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+B=${STRATA_GPU_BUILD:-}
+if [ -z "$B" ]; then
+  B=build-gpu
+  say "== build ($B)"
+  if cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release >>"$LOG" 2>&1 && cmake --build "$B" -j"$(nproc)" >>"$LOG" 2>&1; then
+    row build pass "$B"
+  else
+    row build FAIL "see run.log"; say "build failed"
+  fi
+else
+  row build carried "$B"
+  export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+say "== unit tests"
+for t in "$B"/test_*; do
+  [ -x "$t" ] || continue
+  n=$(basename "$t")
+  if STRATA_SOURCE_DIR="$PWD" "$t" >"$OUT/$n.log" 2>&1; then r=pass; else r=FAIL; fi
+  skipped=$(grep -c 'SKIPPED' "$OUT/$n.log" || true)
+  row "$n" "$r" "$(grep -E 'PASSED|FAILED' "$OUT/$n.log" | tail -1 | tr -s ' ')${skipped:+ skipped lines: $skipped}"
+  cat "$OUT/$n.log" >> "$LOG"
+done
+
+say "== integration tests"
+if python3 -c 'import pytest, gguf' 2>/dev/null; then
+  STRATA_BIN="$PWD/$B/strata" python3 -m pytest -q -p no:cacheprovider tests/integration/test_forward.py \
+    tests/integration/test_quant_parity.py >"$OUT/pytest.log" 2>&1 && r=pass || r=FAIL
+  row "pytest forward + quant parity" "$r" "$(tail -1 "$OUT/pytest.log")"
+else
+  row "pytest" skipped "pytest or gguf missing"
+fi
+
+say "== benchmarks"
+"$B/strata" bench kernels -t "$(nproc)" --type all --time 0.2 >"$OUT/bench-kernels.txt" 2>&1 && r=pass || r=FAIL
+row "bench kernels -t $(nproc)" "$r" "$OUT/bench-kernels.txt"
+cat "$OUT/bench-kernels.txt" >> "$LOG"
+
+echo
+echo "== summary"
+printf '%s\n' "${rows[@]}" | tee "$OUT/summary.txt"
