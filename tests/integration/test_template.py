@@ -188,6 +188,10 @@ N_CONVERSATIONS = 60
 CONVERSATIONS = [make_conversation(random.Random(1000 + i), i) for i in range(N_CONVERSATIONS)]
 
 TEMPLATE_FILES = ["qwen3.jinja", "qwen3-coder-v1.jinja", "qwen3-coder-v2.jinja", "llama3.2.jinja"]
+# More real templates, beyond the targets: QwQ (generation prompt opens <think>, as thinking-only
+# models do) and Hermes 3 (recursive macros over JSON Schema; it iterates `tools` even when
+# none are given, so conversations without tools fail in jinja2 and must fail here too).
+EXTRA_TEMPLATE_FILES = ["qwq-32b.jinja", "hermes-3-llama-3.1-tool-use.jinja"]
 
 
 def for_template(template_name, msgs):
@@ -204,19 +208,34 @@ def for_template(template_name, msgs):
     return out
 
 
+def tools_for_template(template_name, tools):
+    """Hermes 3's json_to_python_type recurses forever on a union type given as a list (it walks
+    the string "null" as an iterable); jinja2 hits its recursion limit, strata its depth limit.
+    Give it single types so that the rest of the template is compared."""
+    if tools is None or not template_name.startswith("hermes"):
+        return tools
+    out = json.loads(json.dumps(tools))
+    for t in out:
+        for p in t["function"]["parameters"]["properties"].values():
+            if isinstance(p.get("type"), list):
+                p["type"] = p["type"][0]
+    return out
+
+
 def extra_vars(template_name):
-    if template_name.startswith("llama"):
+    if template_name.startswith(("llama", "hermes")):
         return {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
     return {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 
 
-@pytest.mark.parametrize("template_name", TEMPLATE_FILES)
+@pytest.mark.parametrize("template_name", TEMPLATE_FILES + EXTRA_TEMPLATE_FILES)
 def test_conversations_byte_identical(tmp_path, template_name):
     path = TEMPLATES / template_name
     src = path.read_text(encoding="utf-8")
     identical = both_failed = 0
     for idx, (msgs, tools, gen, options) in enumerate(CONVERSATIONS):
         msgs = for_template(template_name, msgs)
+        tools = tools_for_template(template_name, tools)
         kw = dict(options, **extra_vars(template_name))
         if template_name.startswith("llama") and idx % 4 == 0:
             kw["date_string"] = "29 Nov 2026"
@@ -238,7 +257,7 @@ def test_conversations_byte_identical(tmp_path, template_name):
         identical += 1
     print(f"{template_name}: {identical} byte-identical, {both_failed} failed in both")
     assert identical + both_failed == N_CONVERSATIONS
-    assert identical >= 50
+    assert identical >= (50 if template_name in TEMPLATE_FILES else 25)
 
 
 def test_qwen3_thinking_switch(tmp_path):
