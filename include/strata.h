@@ -53,6 +53,29 @@ int strata_session_tokens(const strata_session *s, const int32_t **tokens);
 // Feeds n tokens (in chunks of n_batch). logits: NULL, or (n, n_vocab) floats receiving every
 // position's logits.
 strata_status strata_session_eval(strata_session *s, const int32_t *tokens, int n, float *logits);
+// The same, also writing each position's final hidden state to hidden: NULL, or (n, n_embd)
+// floats (the vector the head reads, and the MTP layer's input).
+strata_status strata_session_eval_hidden(strata_session *s, const int32_t *tokens, int n, float *logits,
+                                         float *hidden);
+
+// Drafting with the model's MTP layer (strata_model_info.has_mtp). Row i takes hidden[i], the
+// final hidden state of position t = pos + i (from strata_session_eval_hidden, or hidden_out of
+// an earlier call when chaining drafts), and tokens[i], the token at t+1; it writes logits[i]
+// (n_vocab floats), the draft for the token at t+2, and hidden_out[i] (n_embd floats), the next
+// step's hidden when chaining; either may be NULL. The MTP layer keeps its own cache, a row per
+// t: pos may be at most the end of the previous call (0 at first), and rows from pos on are
+// replaced, so after a rejected draft one simply runs again from the accepted position.
+strata_status strata_session_mtp_draft(strata_session *s, int pos, const float *hidden, const int32_t *tokens,
+                                       int n, float *logits, float *hidden_out);
+
+// Snapshots of a session (KV caches, recurrent state, MTP cache, token record): restoring one
+// taken earlier rolls the session back to that position, exactly; the recurrent state cannot be
+// truncated like a KV cache, so this is how speculative decoding and prompt reuse go back.
+typedef struct strata_snapshot strata_snapshot;
+strata_status strata_session_save(const strata_session *s, strata_snapshot **out);
+// snap must come from a session of the same model and context size.
+strata_status strata_session_restore(strata_session *s, const strata_snapshot *snap);
+void strata_snapshot_free(strata_snapshot *snap);
 
 // ---------------------------------------------------------------------------------------------
 // Text: the model's tokenizer and chat template (from the GGUF).

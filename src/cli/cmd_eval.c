@@ -20,7 +20,24 @@ static void usage(FILE *f) {
             "  --batch N            rows per forward call (default 512; 1 = token by token)\n"
             "  --ctx N              context size (default: the number of tokens)\n"
             "  --kv f16|q8_0        KV cache type (default f16)\n"
-            "  -t, --threads N      CPU threads (default: all cores)\n");
+            "  -t, --threads N      CPU threads (default: all cores)\n"
+            "  --hidden FILE        also write every position's final hidden state [positions x n_embd]\n"
+            "  --mtp-logits FILE    models with an MTP layer: run it on (hidden of t, token t+1) for\n"
+            "                       t = 0 .. n-2 and write its draft logits [n-1 x vocabulary]\n"
+            "  --mtp-hidden FILE    the MTP layer's output hidden states [n-1 x n_embd]\n"
+            "  --mtp-chain K        then K chained drafts (each step takes the previous one's MTP hidden\n"
+            "                       and greedy draft token), appended to both MTP files as K more rows\n"
+            "  --rollback P         snapshot the session at position P, run to the end, restore the\n"
+            "                       snapshot and run positions P.. again (the MTP layer too); the files\n"
+            "                       hold the second run\n");
+}
+
+static bool write_f32(const char *path, const float *x, size_t count) {
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(x, sizeof(float), count, f) == count;
+    if (f && fclose(f)) ok = false;
+    if (!ok) fprintf(stderr, "strata eval: cannot write %s: %s\n", path, strerror(errno));
+    return ok;
 }
 
 static bool parse_tokens(const char *text, int32_t **out, int *n) {
@@ -51,7 +68,8 @@ static bool parse_tokens(const char *text, int32_t **out, int *n) {
 
 int st_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokens_text = NULL, *out_path = NULL, *v;
-    int64_t batch = 512, ctx = 0, threads = 0;
+    const char *hidden_path = NULL, *mtp_logits_path = NULL, *mtp_hidden_path = NULL;
+    int64_t batch = 512, ctx = 0, threads = 0, rollback = -1, chain = 0;
     const char *kv = "f16";
     bool bad = false;
     for (int i = 1; i < argc && !bad; i++) {
@@ -62,6 +80,13 @@ int st_cmd_eval(int argc, char **argv) {
         } else if (st_cli_opt(argc, argv, &i, "--tokens", &tokens_text, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--logits", &out_path, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--kv", &kv, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--hidden", &hidden_path, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--mtp-logits", &mtp_logits_path, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--mtp-hidden", &mtp_hidden_path, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--mtp-chain", &v, &bad)) {
+            bad = bad || !st_cli_int("--mtp-chain", v, 0, 1 << 16, &chain);
+        } else if (st_cli_opt(argc, argv, &i, "--rollback", &v, &bad)) {
+            bad = bad || !st_cli_int("--rollback", v, 0, 1 << 24, &rollback);
         } else if (st_cli_opt(argc, argv, &i, "--batch", &v, &bad)) {
             bad = bad || !st_cli_int("--batch", v, 1, 65536, &batch);
         } else if (st_cli_opt(argc, argv, &i, "--ctx", &v, &bad)) {
@@ -88,43 +113,75 @@ int st_cmd_eval(int argc, char **argv) {
     int32_t *ids;
     int n;
     if (!parse_tokens(tokens_text, &ids, &n)) return 2;
-    if (n == 0) {
-        fprintf(stderr, "strata eval: --tokens is empty\n");
+    if (n == 0 || rollback > n || ((mtp_logits_path || mtp_hidden_path) && n < 2)) {
+        fprintf(stderr, "strata eval: %s\n", n == 0 ? "--tokens is empty" : rollback > n ?
+                "--rollback: the position is past the last token" : "the MTP outputs need at least 2 tokens");
         free(ids);
         return 2;
     }
     int rc = 1;
     strata_model *m = NULL;
     strata_session *s = NULL;
-    float *logits = NULL;
-    FILE *f = NULL;
+    float *logits = NULL, *hidden = NULL, *mtp_logits = NULL, *mtp_hidden = NULL;
+    strata_snapshot *snap = NULL;
+    bool mtp = mtp_logits_path || mtp_hidden_path;
     strata_model_params mp = {.path = model, .n_threads = (int)threads};
     if (strata_model_open(&mp, &m)) goto fail;
     strata_model_info info = strata_model_get_info(m);
-    strata_session_params sp = {.n_ctx = ctx ? (int)ctx : n, .n_batch = (int)batch, .kv_type = kv_type};
+    strata_session_params sp = {.n_ctx = ctx ? (int)ctx : n + (int)chain, .n_batch = (int)batch, .kv_type = kv_type};
     if (strata_session_open(m, &sp, &s)) goto fail;
-    logits = malloc(sizeof(float) * (size_t)n * info.n_vocab);
-    if (!logits) {
+    if (mtp && !info.has_mtp) {
+        fprintf(stderr, "strata eval: %s has no MTP layer\n", model);
+        goto done;
+    }
+    size_t V = (size_t)info.n_vocab, E = (size_t)info.n_embd;
+    logits = malloc(sizeof(float) * n * V);
+    if (hidden_path || mtp) hidden = malloc(sizeof(float) * n * E);
+    size_t n_mtp = (size_t)(n - 1 + chain); // MTP rows: one per prompt position but the last, then the chain
+    if (mtp) mtp_logits = malloc(sizeof(float) * n_mtp * V), mtp_hidden = malloc(sizeof(float) * n_mtp * E);
+    if (!logits || ((hidden_path || mtp) && !hidden) || (mtp && (!mtp_logits || !mtp_hidden))) {
         fprintf(stderr, "strata eval: out of memory for %d x %d logits\n", n, info.n_vocab);
         goto done;
     }
-    if (strata_session_eval(s, ids, n, logits)) goto fail;
-    f = fopen(out_path, "wb");
-    if (!f || fwrite(logits, sizeof(float), (size_t)n * info.n_vocab, f) != (size_t)n * info.n_vocab) {
-        fprintf(stderr, "strata eval: cannot write %s: %s\n", out_path, strerror(errno));
-        goto done;
+    int first = rollback >= 0 ? (int)rollback : n; // the tokens before the snapshot
+    if (strata_session_eval_hidden(s, ids, first, logits, hidden)) goto fail;
+    if (rollback >= 0) {
+        if (strata_session_save(s, &snap) ||
+            strata_session_eval_hidden(s, ids + first, n - first, logits + first * V, hidden ? hidden + first * E : NULL) ||
+            strata_session_restore(s, snap) ||
+            strata_session_eval_hidden(s, ids + first, n - first, logits + first * V, hidden ? hidden + first * E : NULL))
+            goto fail;
     }
+    if (mtp && strata_session_mtp_draft(s, 0, hidden, ids + 1, n - 1, mtp_logits, mtp_hidden)) goto fail;
+    if (mtp && rollback >= 0 && first < n - 1) { // the MTP cache goes back by running from P again
+        if (strata_session_mtp_draft(s, first, hidden + first * E, ids + first + 1, n - 1 - first,
+                                     mtp_logits + first * V, mtp_hidden + first * E))
+            goto fail;
+    }
+    for (int row = n - 1; mtp && row < (int)n_mtp; row++) { // row t takes row t-1's MTP hidden and draft
+        const float *prev = mtp_logits + (row - 1) * V;
+        int32_t draft = 0;
+        for (size_t j = 1; j < V; j++)
+            if (prev[j] > prev[draft]) draft = (int32_t)j;
+        if (strata_session_mtp_draft(s, row, mtp_hidden + (row - 1) * E, &draft, 1, mtp_logits + row * V,
+                                     mtp_hidden + row * E))
+            goto fail;
+    }
+    if (!write_f32(out_path, logits, n * V) || (hidden_path && !write_f32(hidden_path, hidden, n * E)) ||
+        (mtp_logits_path && !write_f32(mtp_logits_path, mtp_logits, n_mtp * V)) ||
+        (mtp_hidden_path && !write_f32(mtp_hidden_path, mtp_hidden, n_mtp * E)))
+        goto done;
     fprintf(stderr, "strata eval: %d positions x %d logits -> %s\n", n, info.n_vocab, out_path);
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "strata: %s\n", strata_error());
 done:
-    if (f && fclose(f) && rc == 0) {
-        fprintf(stderr, "strata eval: cannot write %s\n", out_path);
-        rc = 1;
-    }
+    strata_snapshot_free(snap);
     free(logits);
+    free(hidden);
+    free(mtp_logits);
+    free(mtp_hidden);
     free(ids);
     strata_session_close(s);
     strata_model_close(m);

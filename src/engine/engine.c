@@ -154,13 +154,66 @@ static st_status forward(strata_session *s, const int32_t *tokens, int n, const 
 }
 
 strata_status strata_session_eval(strata_session *s, const int32_t *tokens, int n, float *logits) {
-    int n_vocab = s->m->model->hp.n_vocab;
+    return strata_session_eval_hidden(s, tokens, n, logits, NULL);
+}
+
+strata_status strata_session_eval_hidden(strata_session *s, const int32_t *tokens, int n, float *logits,
+                                         float *hidden) {
+    const st_hparams *hp = &s->m->model->hp;
     for (int i = 0; i < n; i += s->n_batch) {
         int rows = n - i < s->n_batch ? n - i : s->n_batch;
-        st_forward_out out = {.logits = logits ? logits + (size_t)i * n_vocab : NULL, .want_all = true};
+        st_forward_out out = {.logits = logits ? logits + (size_t)i * hp->n_vocab : NULL, .want_all = true,
+                              .hidden = hidden ? hidden + (size_t)i * hp->n_embd : NULL};
         ST_TRY(forward(s, tokens + i, rows, &out));
     }
     return ST_OK;
+}
+
+strata_status strata_session_mtp_draft(strata_session *s, int pos, const float *hidden, const int32_t *tokens,
+                                       int n, float *logits, float *hidden_out) {
+    const st_hparams *hp = &s->m->model->hp;
+    for (int i = 0; i < n; i += s->n_batch) {
+        int rows = n - i < s->n_batch ? n - i : s->n_batch;
+        st_forward_out out = {.logits = logits ? logits + (size_t)i * hp->n_vocab : NULL, .want_all = true,
+                              .hidden = hidden_out ? hidden_out + (size_t)i * hp->n_embd : NULL};
+        ST_TRY(st_model_mtp(s->m->model, s->state, pos + i, hidden + (size_t)i * hp->n_embd, tokens + i, rows, &out));
+    }
+    return ST_OK;
+}
+
+// A snapshot: the state's and the token record up to its position.
+struct strata_snapshot {
+    st_snapshot *state;
+    int32_t *tokens;              // (pos)
+};
+
+strata_status strata_session_save(const strata_session *s, strata_snapshot **out) {
+    *out = NULL;
+    strata_snapshot *snap = st_calloc(1, sizeof *snap);
+    if (!snap) return ST_ERR_NOMEM;
+    int pos = st_state_pos(s->state);
+    st_status st = st_state_save(s->state, &snap->state);
+    if (!st && !(snap->tokens = st_alloc(sizeof(int32_t) * (size_t)(pos ? pos : 1)))) st = ST_ERR_NOMEM;
+    if (st) {
+        strata_snapshot_free(snap);
+        return st;
+    }
+    memcpy(snap->tokens, s->tokens, sizeof(int32_t) * (size_t)pos);
+    *out = snap;
+    return ST_OK;
+}
+
+strata_status strata_session_restore(strata_session *s, const strata_snapshot *snap) {
+    ST_TRY(st_state_restore(s->state, snap->state));
+    memcpy(s->tokens, snap->tokens, sizeof(int32_t) * (size_t)st_state_pos(s->state));
+    return ST_OK;
+}
+
+void strata_snapshot_free(strata_snapshot *snap) {
+    if (!snap) return;
+    st_snapshot_free(snap->state);
+    st_free(snap->tokens);
+    st_free(snap);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ struct st_state {
     st_backend *b;
     st_experts *ex;
     int n_ctx, n_batch, pos;
+    int mtp_pos;              // rows in the MTP layer's KV cache (row t: hidden of t, token t+1)
     st_kv_layer *kv;          // (n_layer + n_mtp), used by attention layers
     float **conv;             // (n_layer) (K-1, conv_dim) for DeltaNet layers, else NULL
     float **ssm;              // (n_layer) (h_v, d, d) for DeltaNet layers, else NULL
@@ -43,6 +44,7 @@ static int conv_dim(const st_hparams *hp) { return 2 * hp->ssm_h_k * hp->ssm_d +
 static int imax(int a, int b) { return a > b ? a : b; }
 
 int st_state_pos(const st_state *s) { return s->pos; }
+int st_state_mtp_pos(const st_state *s) { return s->mtp_pos; }
 size_t st_state_bytes(const st_state *s) { return s->bytes; }
 
 static void *take(st_state *s, size_t bytes, st_status *err) {
@@ -100,6 +102,7 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     size_t nb = (size_t)p->n_batch, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
     int heads = imax(hp->n_head * hp->head_dim, hp->ssm_h_v * hp->ssm_d);
     int big = imax(hp->n_head * hp->head_dim * 2, conv_dim(hp) + hp->ssm_h_v * hp->ssm_d);
+    big = imax(big, hp->n_mtp ? 2 * hp->n_embd : 0); // the MTP input [embedding, hidden]
     s->x = take(s, sizeof(float) * nb * hp->n_embd, &err);
     s->xn = take(s, sizeof(float) * nb * hp->n_embd, &err);
     s->y = take(s, sizeof(float) * nb * hp->n_embd, &err);
@@ -153,8 +156,9 @@ void st_state_free(st_state *s) {
 // ---------------------------------------------------------------------------------------------
 // Blocks
 
-// Attention (qwen3moe) or gated attention (qwen3next) of n rows: xn -> y.
-static void attention(st_state *s, int il, const st_layer *l, int n) {
+// Attention (qwen3moe) or gated attention (qwen3next) of n rows: xn -> y. The rows go to cache
+// rows pos0 .. pos0+n-1; RoPE takes their positions from s->pos_ids.
+static void attention(st_state *s, int il, const st_layer *l, int n, int pos0) {
     const st_hparams *hp = &s->m->hp;
     int H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim;
     bool gated = hp->arch == ST_ARCH_QWEN3NEXT;
@@ -171,7 +175,7 @@ static void attention(st_state *s, int il, const st_layer *l, int n) {
     OP(rope, s->q, n, H, hd, hp->n_rot, s->pos_ids, hp->rope_base);
     OP(rope, s->k, n, Hkv, hd, hp->n_rot, s->pos_ids, hp->rope_base);
     st_attn_args a = {.kv = &s->kv[il], .q = s->q, .k = s->k, .v = s->v, .out = s->att,
-                      .n = n, .pos0 = s->pos, .n_head = H, .scale = 1.0f / sqrtf((float)hd)};
+                      .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd)};
     OP(attention, &a);
     if (gated) OP(mul_sigmoid, s->att, s->gate, (int64_t)n * H * hd);
     OP(matmul, &l->wo, s->att, n, s->y);
@@ -238,18 +242,30 @@ static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     return ST_OK;
 }
 
-// One decoder layer on s->x (n rows), in place.
-static st_status layer(st_state *s, int il, int n) {
+// One decoder layer on s->x (n rows, attention cache rows from pos0), in place.
+static st_status layer(st_state *s, int il, int n, int pos0) {
     const st_hparams *hp = &s->m->hp;
     const st_layer *l = &s->m->layers[il];
     OP(rmsnorm, s->x, l->attn_norm, s->xn, n, hp->n_embd, hp->eps);
     if (l->recurrent) deltanet(s, il, l, n);
-    else attention(s, il, l, n);
+    else attention(s, il, l, n, pos0);
     OP(add, s->x, s->y, (int64_t)n * hp->n_embd);
     OP(rmsnorm, s->x, l->ffn_norm, s->xn, n, hp->n_embd, hp->eps);
     ST_TRY(moe(s, il, l, n));
     OP(add, s->x, s->y, (int64_t)n * hp->n_embd);
     return ST_OK;
+}
+
+// The final-normed rows s->xn (n) to the caller: hidden states and logits (the shared head).
+static void head(st_state *s, int n, const st_forward_out *out) {
+    const st_model *m = s->m;
+    int E = m->hp.n_embd;
+    if (out && out->hidden) s->b->ops->to_host(s->b, out->hidden, s->xn, sizeof(float) * (size_t)n * E);
+    if (out && out->logits) {
+        // The head row by row into the caller's buffer (host memory on the CPU backend).
+        int first = out->want_all ? 0 : n - 1;
+        OP(matmul, &m->output, s->xn + (size_t)first * E, n - first, out->logits);
+    }
 }
 
 st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens, int n,
@@ -269,20 +285,47 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
 
     OP(get_rows, &m->tok_embd, tokens, n, s->x);
-    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, n));
+    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, n, s->pos));
     OP(rmsnorm, s->x, m->output_norm, s->xn, n, hp->n_embd, hp->eps);
-    if (out && out->hidden)
-        s->b->ops->to_host(s->b, out->hidden, s->xn, sizeof(float) * (size_t)n * hp->n_embd);
-    if (out && out->logits) {
-        // The head row by row into the caller's buffer (host memory on the CPU backend).
-        int first = out->want_all ? 0 : n - 1;
-        for (int i = first; i < n; i += s->n_batch) {
-            int rows = n - i < s->n_batch ? n - i : s->n_batch;
-            OP(matmul, &m->output, s->xn + (size_t)i * hp->n_embd, rows,
-               out->logits + (size_t)(i - first) * hp->n_vocab);
-        }
-    }
+    head(s, n, out);
     s->pos += n;
+    return ST_OK;
+}
+
+st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hidden, const int32_t *tokens,
+                       int n, const st_forward_out *out) {
+    const st_hparams *hp = &m->hp;
+    int E = hp->n_embd;
+    if (hp->n_mtp < 1) return st_fail(ST_ERR_UNSUPPORTED, "this model has no MTP layer (blk.%d.nextn.*)", hp->n_layer);
+    if (n < 1 || n > s->n_batch)
+        return st_fail(ST_ERR_ARG, "MTP step of %d rows: must be 1 .. %d (the batch size)", n, s->n_batch);
+    if (pos < 0 || pos > s->mtp_pos)
+        return st_fail(ST_ERR_ARG, "MTP step at position %d: must be 0 .. %d (the MTP cache holds %d rows)",
+                       pos, s->mtp_pos, s->mtp_pos);
+    if (pos + n > s->n_ctx)
+        return st_fail(ST_ERR_RANGE, "the context is full: MTP step at positions %d .. %d, %d available",
+                       pos, pos + n - 1, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return st_fail(ST_ERR_ARG, "token id %d at row %d is outside the vocabulary (0 .. %d)",
+                           tokens[i], i, hp->n_vocab - 1);
+    const st_layer *l = &m->layers[hp->n_layer];
+    int32_t pos_host[n];
+    for (int i = 0; i < n; i++) pos_host[i] = pos + i + 1; // REFERENCE §3.3: position t+1
+    s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
+
+    // u = eh_proj [norm(embed(token)), norm(hidden)], then the MTP decoder layer.
+    OP(get_rows, &m->tok_embd, tokens, n, s->y);
+    OP(rmsnorm, s->y, l->mtp_enorm, s->y, n, E, hp->eps);
+    s->b->ops->from_host(s->b, s->x, hidden, sizeof(float) * (size_t)n * E);
+    OP(rmsnorm, s->x, l->mtp_hnorm, s->xn, n, E, hp->eps);
+    OP(copy_cols, s->y, E, 0, s->big, 2 * E, 0, n, E);
+    OP(copy_cols, s->xn, E, 0, s->big, 2 * E, E, n, E);
+    OP(matmul, &l->mtp_eh, s->big, n, s->x);
+    ST_TRY(layer(s, hp->n_layer, n, pos));
+    OP(rmsnorm, s->x, l->mtp_head_norm, s->xn, n, E, hp->eps);
+    head(s, n, out);
+    s->mtp_pos = pos + n;
     return ST_OK;
 }
 
@@ -290,22 +333,24 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
 // Snapshots: the KV rows in use and the recurrent state, copied to host memory.
 
 struct st_snapshot {
-    int pos;
+    int pos, mtp_pos;
     size_t bytes;
     char *data;
 };
 
-// Visits every piece of state (KV rows up to pos, conv and delta-rule state) in a fixed order.
+// Visits every piece of state (KV rows up to pos, the MTP layer's up to mtp_pos, conv and
+// delta-rule state) in a fixed order.
 typedef void (*state_fn)(void *ctx, void *state_ptr, size_t bytes);
-static void state_walk(const st_state *s, int pos, state_fn fn, void *ctx) {
+static void state_walk(const st_state *s, int pos, int mtp_pos, state_fn fn, void *ctx) {
     const st_hparams *hp = &s->m->hp;
     for (int i = 0; i < hp->n_layer + hp->n_mtp; i++) {
+        size_t rows = (size_t)(i < hp->n_layer ? pos : mtp_pos);
         if (s->conv[i]) {
             fn(ctx, s->conv[i], sizeof(float) * (size_t)(hp->ssm_kernel - 1) * conv_dim(hp));
             fn(ctx, s->ssm[i], sizeof(float) * (size_t)hp->ssm_h_v * hp->ssm_d * hp->ssm_d);
         } else {
-            fn(ctx, s->kv[i].k, s->kv[i].row_bytes * (size_t)pos);
-            fn(ctx, s->kv[i].v, s->kv[i].row_bytes * (size_t)pos);
+            fn(ctx, s->kv[i].k, s->kv[i].row_bytes * rows);
+            fn(ctx, s->kv[i].v, s->kv[i].row_bytes * rows);
         }
     }
 }
@@ -333,7 +378,7 @@ static void copy_fn(void *ctx, void *ptr, size_t bytes) {
 st_status st_state_save(const st_state *s, st_snapshot **out) {
     *out = NULL;
     walk_ctx w = {.s = s};
-    state_walk(s, s->pos, count_fn, &w);
+    state_walk(s, s->pos, s->mtp_pos, count_fn, &w);
     st_snapshot *snap = st_calloc(1, sizeof *snap);
     if (!snap) return ST_ERR_NOMEM;
     snap->data = st_alloc(w.bytes);
@@ -342,23 +387,25 @@ st_status st_state_save(const st_state *s, st_snapshot **out) {
         return st_fail(ST_ERR_NOMEM, "snapshot of %zu bytes: out of memory", w.bytes);
     }
     snap->pos = s->pos;
+    snap->mtp_pos = s->mtp_pos;
     snap->bytes = w.bytes;
     w.p = snap->data;
     w.save = true;
-    state_walk(s, s->pos, copy_fn, &w);
+    state_walk(s, s->pos, s->mtp_pos, copy_fn, &w);
     *out = snap;
     return ST_OK;
 }
 
 st_status st_state_restore(st_state *s, const st_snapshot *snap) {
     walk_ctx w = {.s = s};
-    state_walk(s, snap->pos, count_fn, &w);
-    if (w.bytes != snap->bytes || snap->pos > s->n_ctx)
+    state_walk(s, snap->pos, snap->mtp_pos, count_fn, &w);
+    if (w.bytes != snap->bytes || snap->pos > s->n_ctx || snap->mtp_pos > s->n_ctx)
         return st_fail(ST_ERR_ARG, "snapshot does not match this state (%zu bytes at position %d)", snap->bytes, snap->pos);
     w.p = snap->data;
     w.save = false;
-    state_walk(s, snap->pos, copy_fn, &w);
+    state_walk(s, snap->pos, snap->mtp_pos, copy_fn, &w);
     s->pos = snap->pos;
+    s->mtp_pos = snap->mtp_pos;
     return ST_OK;
 }
 

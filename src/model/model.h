@@ -87,6 +87,7 @@ typedef struct st_state_params {
 st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out);
 void st_state_free(st_state *s);
 int st_state_pos(const st_state *s);      // tokens consumed so far
+int st_state_mtp_pos(const st_state *s);  // rows in the MTP layer's KV cache
 size_t st_state_bytes(const st_state *s); // memory held (caches + buffers)
 
 // Snapshots: the KV rows up to the position and the recurrent state, restorable later.
@@ -106,3 +107,13 @@ typedef struct st_forward_out {
 } st_forward_out;
 st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens, int n,
                            const st_forward_out *out);
+
+// The MTP layer (REFERENCE.md §3.3) on n rows: row i takes hidden[i] (n_embd host floats), the
+// final-normed hidden state of position t = pos + i (from st_model_forward, or out->hidden of an
+// earlier MTP step when chaining drafts), and tokens[i], the token at t+1; it runs the MTP
+// decoder layer at position t+1 and writes out->logits, the draft logits for the token at t+2,
+// and out->hidden, the MTP output after shared_head_norm (the next step's input when chaining).
+// The MTP KV cache keeps a row per t: pos may be at most st_state_mtp_pos (rows from pos on are
+// overwritten, so re-running from an accepted position needs no rollback), and becomes pos + n.
+st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hidden, const int32_t *tokens,
+                       int n, const st_forward_out *out);
