@@ -122,6 +122,7 @@ typedef struct jbuf {
     size_t len, cap;
     size_t max; // 0: unlimited; past it, jb_put fails
     bool over;
+    bool too_deep; // a value nested deeper than JV_MAX_NEST was printed (and cut)
 } jbuf;
 bool jb_put(jbuf *b, const char *s, size_t n);
 static inline bool jb_puts(jbuf *b, const char *s) { return jb_put(b, s, __builtin_strlen(s)); }
@@ -131,6 +132,10 @@ void jb_free(jbuf *b);
 // UTF-8: decodes one code point at s[*i] (advancing *i); invalid bytes decode as U+FFFD.
 uint32_t utf8_next(const char *s, size_t n, size_t *i);
 int utf8_put(char *out, uint32_t cp); // bytes written (1-4)
+
+// Values can nest (lists in dicts in lists...); printing and comparing recurse, so nesting is
+// bounded to keep the C stack safe whatever a template builds.
+#define JV_MAX_NEST 512
 
 // ---- value helpers (chat_value.c)
 jstr *js_new(jarena *a, const char *s, size_t n); // NULL when the arena is full
@@ -181,6 +186,7 @@ typedef enum jop {
 struct jnode {
     uint8_t kind;
     uint8_t neg;          // E_TEST: `is not`; E_LIST: a tuple
+    uint16_t height;      // expression nesting below this node (bounds the evaluator's recursion)
     int line, col;
     jval lit;             // E_LIT value
     jstr *name;           // E_NAME / E_ATTR / E_FILTER / E_TEST / N_MACRO / N_SET target name

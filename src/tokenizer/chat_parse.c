@@ -12,6 +12,9 @@
 
 // Deepest nesting of expressions / blocks the parser accepts: a bound on its recursion.
 #define MAX_PARSE_DEPTH 200
+// Tallest expression tree (a chain like a ~ b ~ c ... or x|f|g... nests without recursing in
+// the parser, but the evaluator recurses through it): a bound on the renderer's stack.
+#define MAX_EXPR_HEIGHT 1000
 
 typedef enum ttype {
     T_EOF, T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT,
@@ -495,6 +498,17 @@ static bool nv_push(parser *p, nvec *v, jnode *x, jstr *kw) {
     return true;
 }
 
+// Records that `x` sits above `child`; fails when the tree grows taller than MAX_EXPR_HEIGHT.
+static bool above(parser *p, jnode *x, const jnode *child) {
+    if (!x || !child) return x != NULL;
+    if (child->height + 1 > x->height) x->height = (uint16_t)(child->height + 1);
+    if (x->height > MAX_EXPR_HEIGHT) {
+        perr(p, x->line, x->col, "expression nested deeper than %d levels", MAX_EXPR_HEIGHT);
+        return false;
+    }
+    return true;
+}
+
 static jnode *parse_expr(parser *p);
 static jnode *parse_or(parser *p);
 static jnode *parse_unary(parser *p, bool with_filter);
@@ -525,7 +539,7 @@ static bool parse_args(parser *p, jnode *n) {
             return false;
         }
         jnode *e = parse_expr(p);
-        if (!e || !nv_push(p, &v, e, kw)) return false;
+        if (!e || !nv_push(p, &v, e, kw) || !above(p, n, e)) return false;
     }
     adv(p);
     n->args = v.v, n->kw = v.kw, n->nargs = v.n;
@@ -552,6 +566,7 @@ static jnode *parse_postfix(parser *p, jnode *e) {
             }
             adv(p);
             x->a = e;
+            if (!above(p, x, e)) return NULL;
             e = x;
         } else if (is_op(t, "[")) {
             adv(p);
@@ -583,6 +598,9 @@ static jnode *parse_postfix(parser *p, jnode *e) {
             jnode *x = node(p, slice ? E_SLICE : E_ITEM, t);
             if (!x) return NULL;
             x->a = e;
+            if (!above(p, x, e)) return NULL;
+            for (int k = 0; k < 3; k++)
+                if (!above(p, x, parts[k])) return NULL;
             if (slice) {
                 x->args = ja_alloc(p->a, 3 * sizeof *x->args);
                 if (!x->args) return NULL;
@@ -600,6 +618,7 @@ static jnode *parse_postfix(parser *p, jnode *e) {
             jnode *x = node(p, E_CALL, t);
             if (!x) return NULL;
             x->a = e;
+            if (!above(p, x, e)) return NULL;
             x->line = e->line, x->col = e->col; // errors point at what is called
             if (!parse_args(p, x)) return NULL;
             e = x;
@@ -623,6 +642,7 @@ static jnode *parse_filter_expr(parser *p, jnode *e) {
             if (!x) return NULL;
             x->name = nm->s;
             x->a = e;
+            if (!above(p, x, e)) return NULL;
             adv(p);
             if (is_op(cur(p), "(") && !parse_args(p, x)) return NULL;
             e = x;
@@ -641,6 +661,7 @@ static jnode *parse_filter_expr(parser *p, jnode *e) {
             }
             x->name = nm->s;
             x->a = e;
+            if (!above(p, x, e)) return NULL;
             adv(p);
             tok *n2 = cur(p);
             if (is_op(n2, "(")) {
@@ -666,6 +687,7 @@ static jnode *parse_filter_expr(parser *p, jnode *e) {
             jnode *x = node(p, E_CALL, t);
             if (!x) return NULL;
             x->a = e;
+            if (!above(p, x, e)) return NULL;
             x->line = e->line, x->col = e->col; // errors point at what is called
             if (!parse_args(p, x)) return NULL;
             e = x;
@@ -735,6 +757,8 @@ static jnode *parse_primary(parser *p) {
                 e = node(p, E_LIST, t);
                 if (!e) return NULL;
                 e->args = v.v, e->nargs = v.n;
+                for (int k = 0; k < v.n; k++)
+                    if (!above(p, e, v.v[k])) return NULL;
                 e->neg = 1; // a tuple
             } else {
                 e = x;
@@ -754,6 +778,8 @@ static jnode *parse_primary(parser *p) {
         e = node(p, E_LIST, t);
         if (!e) return NULL;
         e->args = v.v, e->nargs = v.n;
+        for (int k = 0; k < v.n; k++)
+            if (!above(p, e, v.v[k])) return NULL;
     } else if (is_op(t, "{")) {
         adv(p);
         nvec v = {0};
@@ -769,6 +795,8 @@ static jnode *parse_primary(parser *p) {
         e = node(p, E_DICT, t);
         if (!e) return NULL;
         e->args = v.v, e->nargs = v.n;
+        for (int k = 0; k < v.n; k++)
+            if (!above(p, e, v.v[k])) return NULL;
     } else {
         perr(p, t->line, t->col, "unexpected '%s'", tok_desc(t));
         return NULL;
@@ -788,6 +816,7 @@ static jnode *parse_unary(parser *p, bool with_filter) {
         e = node(p, is_op(t, "-") ? E_NEG : E_POS, t);
         if (!e) return NULL;
         e->a = x;
+        if (!above(p, e, x)) return NULL;
     } else {
         e = parse_primary(p);
     }
@@ -804,6 +833,7 @@ static jnode *binop(parser *p, tok *t, int op, jnode *a, jnode *b) {
     if (!e->ops) return NULL;
     e->ops[0] = (uint8_t)op;
     e->a = a, e->b = b;
+    if (!above(p, e, a) || !above(p, e, b)) return NULL;
     return e;
 }
 
@@ -895,6 +925,8 @@ static jnode *parse_compare(parser *p) {
     jnode *c = node(p, E_CMP, t0);
     if (!c) return NULL;
     c->args = v.v, c->nargs = v.n;
+    for (int i = 0; i < v.n; i++)
+        if (!above(p, c, v.v[i])) return NULL;
     c->ops = ja_alloc(p->a, (size_t)v.n);
     if (!c->ops) return NULL;
     memcpy(c->ops, ops, (size_t)v.n);
@@ -911,6 +943,7 @@ static jnode *parse_not(parser *p) {
         jnode *e = node(p, E_NOT, t);
         if (!e) return NULL;
         e->a = x;
+        if (!above(p, e, x)) return NULL;
         p->depth--;
         return e;
     }
@@ -927,6 +960,7 @@ static jnode *parse_and(parser *p) {
         jnode *x = node(p, E_AND, t);
         if (!x) return NULL;
         x->a = e, x->b = r;
+        if (!above(p, x, e) || !above(p, x, r)) return NULL;
         e = x;
     }
     return e;
@@ -942,6 +976,7 @@ static jnode *parse_or(parser *p) {
         jnode *x = node(p, E_OR, t);
         if (!x) return NULL;
         x->a = e, x->b = r;
+        if (!above(p, x, e) || !above(p, x, r)) return NULL;
         e = x;
     }
     return e;
@@ -959,10 +994,11 @@ static jnode *parse_expr(parser *p) {
         jnode *x = node(p, E_COND, t);
         if (!x) return NULL;
         x->a = cond, x->b = e;
+        if (!above(p, x, e) || !above(p, x, cond)) return NULL;
         if (is_name(cur(p), "else")) {
             adv(p);
             x->c = parse_expr(p);
-            if (!x->c) return NULL;
+            if (!x->c || !above(p, x, x->c)) return NULL;
         }
         e = x;
     }

@@ -19,6 +19,9 @@
 #define DEFAULT_MAX_DEPTH 64
 #define DEFAULT_MAX_MEMORY ((size_t)512 << 20)
 #define MAX_RANGE 100000 // as Jinja's sandbox: range() longer than this is refused
+// Nested evaluations at once (expression height times macro nesting): bounds the C stack a
+// render uses, whatever the template, at well under a megabyte.
+#define MAX_EVAL_DEPTH 1500
 #define AST_ARENA_CAP ((size_t)256 << 20)
 
 struct st_chat_template {
@@ -38,6 +41,7 @@ typedef struct rctx {
     const char *tname;
     uint64_t steps, max_steps;
     int depth, max_depth;
+    int edepth; // evaluations in progress (see MAX_EVAL_DEPTH)
     size_t max_output;
     int brk; // 1: break, 2: continue pending
     bool failed;
@@ -60,6 +64,10 @@ static bool fail(rctx *c, const jnode *at, st_status code, const char *fmt, ...)
     if (at) snprintf(c->err, sizeof c->err, "%s:%d:%d: %s", c->tname, at->line, at->col, msg);
     else snprintf(c->err, sizeof c->err, "%s: %s", c->tname, msg);
     return false;
+}
+
+static bool too_deep(rctx *c, const jnode *at) {
+    return fail(c, at, ST_ERR_RANGE, "value nested deeper than %d levels", JV_MAX_NEST);
 }
 
 static bool oom(rctx *c, const jnode *at) {
@@ -139,10 +147,12 @@ static bool to_str(rctx *c, const jnode *at, jval v, jval *out) {
         return true;
     }
     jbuf b = {0};
+    b.max = c->a->cap;
     jv_write_str(&b, v);
-    if (b.over) {
+    if (b.over || b.too_deep) {
+        bool deep = b.too_deep;
         jb_free(&b);
-        return oom(c, at);
+        return deep ? too_deep(c, at) : oom(c, at);
     }
     *out = mkstr(c, b.p ? b.p : "", b.len);
     jb_free(&b);
@@ -680,9 +690,10 @@ static bool arith(rctx *c, const jnode *at, int op, jval a, jval b, jval *out) {
         buf.max = c->a->cap;
         jv_write_str(&buf, a);
         jv_write_str(&buf, b);
-        if (buf.over) {
+        if (buf.over || buf.too_deep) {
+            bool deep = buf.too_deep;
             jb_free(&buf);
-            return oom(c, at);
+            return deep ? too_deep(c, at) : oom(c, at);
         }
         *out = mkstr(c, buf.p ? buf.p : "", buf.len);
         jb_free(&buf);
@@ -797,8 +808,17 @@ overflow:
     return fail(c, at, ST_ERR_RANGE, "integer overflow in '%s'", op_name(op));
 }
 
+static int cmp_vals_d(rctx *c, const jnode *at, int op, jval a, jval b, bool *ok, int depth);
 static int cmp_vals(rctx *c, const jnode *at, int op, jval a, jval b, bool *ok) {
+    return cmp_vals_d(c, at, op, a, b, ok, 0);
+}
+static int cmp_vals_d(rctx *c, const jnode *at, int op, jval a, jval b, bool *ok, int depth) {
     *ok = true;
+    if (depth > JV_MAX_NEST) {
+        *ok = false;
+        too_deep(c, at);
+        return 0;
+    }
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) return (inum(a) > inum(b)) - (inum(a) < inum(b));
         double x = fnum(a), y = fnum(b);
@@ -814,7 +834,7 @@ static int cmp_vals(rctx *c, const jnode *at, int op, jval a, jval b, bool *ok) 
         size_t n = a.l->n < b.l->n ? a.l->n : b.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(a.l->v[i], b.l->v[i])) continue;
-            return cmp_vals(c, at, op, a.l->v[i], b.l->v[i], ok);
+            return cmp_vals_d(c, at, op, a.l->v[i], b.l->v[i], ok, depth + 1);
         }
         return (a.l->n > b.l->n) - (a.l->n < b.l->n);
     }
@@ -865,8 +885,18 @@ static bool eval_args(rctx *c, const jnode *n, jframe *f, jval **args) {
     return true;
 }
 
+static bool eval_node(rctx *c, const jnode *n, jframe *f, jval *out);
 static bool eval(rctx *c, const jnode *n, jframe *f, jval *out) {
     if (c->failed) return false;
+    if (c->edepth >= MAX_EVAL_DEPTH)
+        return fail(c, n, ST_ERR_RANGE, "expressions and macro calls nested deeper than %d", MAX_EVAL_DEPTH);
+    c->edepth++;
+    bool ok = eval_node(c, n, f, out);
+    c->edepth--;
+    return ok;
+}
+
+static bool eval_node(rctx *c, const jnode *n, jframe *f, jval *out) {
     switch (n->kind) {
     case E_LIT: *out = n->lit; return true;
     case E_NAME: {
@@ -1611,6 +1641,10 @@ static bool apply_filter(rctx *c, const jnode *n, jval v, jval *args, jstr **kw,
             }
             if (i) jb_put(&b, seps.s->s, seps.s->len);
             jv_write_str(&b, it);
+            if (b.too_deep) {
+                jb_free(&b);
+                return too_deep(c, n);
+            }
         }
         *out = b.over ? jv_undef(NULL) : mkstr(c, b.p ? b.p : "", b.len);
         jb_free(&b);
@@ -2015,9 +2049,8 @@ static bool exec_node(rctx *c, const jnode *n, jframe *f) {
         if (!step(c, n)) return false;
         if (v.t == JV_STR) return emit(c, n, v.s->s, v.s->len);
         if (v.t == JV_UNDEF) return true;
-        size_t before = c->out->len;
         if (!jv_write_str(c->out, v)) {
-            (void)before;
+            if (c->out->too_deep) return too_deep(c, n);
             return fail(c, n, ST_ERR_RANGE, "output is longer than %zu bytes", c->max_output);
         }
         return true;

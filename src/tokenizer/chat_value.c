@@ -253,7 +253,11 @@ bool jv_truthy(jval v) {
 static bool is_num(jval v) { return v.t == JV_BOOL || v.t == JV_INT || v.t == JV_FLOAT; }
 static double num_f(jval v) { return v.t == JV_FLOAT ? v.f : v.t == JV_INT ? (double)v.i : v.b; }
 
-bool jv_equal(jval a, jval b) {
+static bool equal_d(jval a, jval b, int depth);
+bool jv_equal(jval a, jval b) { return equal_d(a, b, 0); }
+
+static bool equal_d(jval a, jval b, int depth) {
+    if (depth > JV_MAX_NEST) return false; // deeper than anything printable; never equal
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) {
             int64_t x = a.t == JV_INT ? a.i : a.b, y = b.t == JV_INT ? b.i : b.b;
@@ -268,13 +272,13 @@ bool jv_equal(jval a, jval b) {
     case JV_LIST:
         if (a.l->n != b.l->n || a.l->tuple != b.l->tuple) return false;
         for (size_t i = 0; i < a.l->n; i++)
-            if (!jv_equal(a.l->v[i], b.l->v[i])) return false;
+            if (!equal_d(a.l->v[i], b.l->v[i], depth + 1)) return false;
         return true;
     case JV_DICT:
         if (a.d->n != b.d->n) return false;
         for (size_t i = 0; i < a.d->n; i++) {
             const jval *o = jd_getv(b.d, a.d->k[i]);
-            if (!o || !jv_equal(a.d->v[i], *o)) return false;
+            if (!o || !equal_d(a.d->v[i], *o, depth + 1)) return false;
         }
         return true;
     case JV_NS: return a.d == b.d;
@@ -404,21 +408,26 @@ static bool write_repr_str(jbuf *b, const jstr *s) {
     return jb_put(b, &q, 1);
 }
 
-static bool write_seq(jbuf *b, jval v, bool repr_items);
+static bool write_seq(jbuf *b, jval v, int depth);
+static bool write_str_d(jbuf *b, jval v, int depth);
 
-bool jv_write_repr(jbuf *b, jval v) {
+static bool write_repr_d(jbuf *b, jval v, int depth) {
     if (v.t == JV_STR) return write_repr_str(b, v.s);
     if (v.t == JV_UNDEF) return true; // str(Undefined) is '' and so is its use inside a repr here
-    return jv_write_str(b, v);
+    return write_str_d(b, v, depth);
 }
+bool jv_write_repr(jbuf *b, jval v) { return write_repr_d(b, v, 0); }
 
-static bool write_seq(jbuf *b, jval v, bool repr_items) {
-    (void)repr_items;
+static bool write_seq(jbuf *b, jval v, int depth) {
+    if (depth > JV_MAX_NEST) {
+        b->too_deep = true;
+        return false;
+    }
     if (v.t == JV_LIST) {
         jb_puts(b, v.l->tuple ? "(" : "[");
         for (size_t i = 0; i < v.l->n; i++) {
             if (i) jb_puts(b, ", ");
-            jv_write_repr(b, v.l->v[i]);
+            if (!write_repr_d(b, v.l->v[i], depth + 1) && b->too_deep) return false;
         }
         if (v.l->tuple && v.l->n == 1) jb_puts(b, ",");
         return jb_puts(b, v.l->tuple ? ")" : "]");
@@ -428,12 +437,14 @@ static bool write_seq(jbuf *b, jval v, bool repr_items) {
         if (i) jb_puts(b, ", ");
         jv_write_repr(b, v.d->k[i]);
         jb_puts(b, ": ");
-        jv_write_repr(b, v.d->v[i]);
+        if (!write_repr_d(b, v.d->v[i], depth + 1) && b->too_deep) return false;
     }
     return jb_puts(b, "}");
 }
 
-bool jv_write_str(jbuf *b, jval v) {
+bool jv_write_str(jbuf *b, jval v) { return write_str_d(b, v, 0); }
+
+static bool write_str_d(jbuf *b, jval v, int depth) {
     switch (v.t) {
     case JV_UNDEF: return true;
     case JV_NONE: return jb_puts(b, "None");
@@ -441,10 +452,10 @@ bool jv_write_str(jbuf *b, jval v) {
     case JV_INT: return jb_printf(b, "%lld", (long long)v.i);
     case JV_FLOAT: jv_write_float(b, v.f); return !b->over;
     case JV_STR: return jb_put(b, v.s->s, v.s->len);
-    case JV_LIST: case JV_DICT: return write_seq(b, v, true);
+    case JV_LIST: case JV_DICT: return write_seq(b, v, depth);
     case JV_NS:
         jb_puts(b, "<Namespace ");
-        { jval d = {.t = JV_DICT}; d.d = v.d; write_seq(b, d, true); }
+        { jval d = {.t = JV_DICT}; d.d = v.d; if (!write_seq(b, d, depth) && b->too_deep) return false; }
         return jb_puts(b, ">");
     case JV_FUNC: return jb_printf(b, "<built-in method %s>", v.fn->name ? v.fn->name : "?");
     case JV_MACRO: return jb_puts(b, "<Macro>");

@@ -110,6 +110,18 @@ static void test_limits(void **state) {
     expect_error("{% set s = namespace(x='ab') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}",
                  "{}", &lim, "memory budget");
     expect_error("{{ range(1000000) | length }}", "{}", NULL, "range too big");
+    // deep structures a template builds, and very tall expressions, are refused, not recursed
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+                 "{}", NULL, "nested deeper than 512");
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x < ns.x }}",
+                 "{}", NULL, "nested deeper than 512");
+    char *chain = malloc(6 * 3000 + 16);
+    size_t k = 0;
+    k += (size_t)sprintf(chain + k, "{{ 'a'");
+    for (int i = 0; i < 1500; i++) k += (size_t)sprintf(chain + k, " ~ 'a'");
+    sprintf(chain + k, " }}");
+    expect_error(chain, "{}", NULL, "expression nested deeper than 1000");
+    free(chain);
     // within the limits, the same kind of template renders
     lim = (st_chat_limits){.max_steps = 100000};
     st_status s;
