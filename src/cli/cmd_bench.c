@@ -145,6 +145,24 @@ static double measure_stream(st_pool *pool, const void *buf, size_t bytes, int r
     return best;
 }
 
+static void noop_task(void *p, int ith, int nth) {
+    (void)p;
+    (void)ith;
+    (void)nth;
+}
+
+// Microseconds per empty st_pool_run, back to back (best of 5 batches).
+static double pool_overhead_us(st_pool *pool) {
+    double best = 1e9;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = st_time_s();
+        for (int i = 0; i < 2000; i++) st_pool_run(pool, noop_task, NULL);
+        double us = (st_time_s() - t0) / 2000 * 1e6;
+        if (us < best) best = us;
+    }
+    return best;
+}
+
 typedef struct shape {
     const char *name;
     int64_t rows, n; // rows 0: enough rows of n for `big_bytes` of weights
@@ -349,8 +367,9 @@ static int bench_kernels(int argc, char **argv) {
     double bw1 = measure_stream(NULL, sbuf, stream_bytes, 3);
     double bwn = measure_stream(pool, sbuf, stream_bytes, 5);
     st_free(sbuf);
-    printf("memory read (streaming sum over %.0f MiB): 1 thread %.1f GB/s, %d threads %.1f GB/s\n\n",
+    printf("memory read (streaming sum over %.0f MiB): 1 thread %.1f GB/s, %d threads %.1f GB/s\n",
            stream_bytes / 1048576.0, bw1, (int)threads, bwn);
+    printf("thread pool: %.2f us per empty call with %d threads\n\n", pool_overhead_us(pool), (int)threads);
 
     printf("| type    | path   | shape        | MiB    | 1 thr GB/s | %3d thr GB/s | %% of mem bw (%d thr) |\n", (int)threads, (int)threads);
     printf("|---------|--------|--------------|--------|------------|--------------|---------------------|\n");

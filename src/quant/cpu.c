@@ -19,6 +19,7 @@ static bool path_ok[ST_CPU_PATH_COUNT];
 static st_quant_kernels tables[ST_CPU_PATH_COUNT];
 static _Atomic int current_path;
 
+
 #if defined(__x86_64__) || defined(__i386__)
 static uint64_t xgetbv0(void) {
     uint32_t lo, hi;
@@ -127,25 +128,44 @@ float st_vec_dot(st_type type, int64_t n, const void *w, const void *x) {
 // Weight rows per tile when there are several activation groups: the tile is reused from L2 by
 // every group, so it is read from memory once (256 KiB fits the L2 of current x86 cores).
 #define MM_TILE_BYTES (256 * 1024)
+// Software prefetch distance for weights. Measured on a 16-core Sapphire Rapids VM (1.2 GB
+// matrices, 16 threads): 86-105% of the streaming-read bandwidth with it, 71-78% without; a core
+// busy with dot arithmetic keeps too few loads in flight for the hardware prefetchers alone.
+#define MM_PREFETCH_BYTES 8192
 
-typedef struct mm_ctx {
-    const st_matmul_args *a;
-    int64_t chunk;          // rows per work item
-    _Atomic int64_t next;   // next unclaimed row
+static inline void prefetch_row(const uint8_t *p, size_t bytes) {
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
+typedef struct mm_job {
+    st_matmul_args a;
     st_dot_fn dot;
     st_dot_multi_fn multi;
     size_t w_row_bytes;
+    int64_t chunk; // rows per work item
+} mm_job;
+
+typedef struct mm_ctx {
+    mm_job job;
+    // On its own cache line: every claim writes it, and the job fields are read all the time.
+    _Alignas(64) _Atomic int64_t next; // first row not yet claimed
+    char pad[64 - sizeof(int64_t)];
 } mm_ctx;
 
-static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
-    const st_matmul_args *a = c->a;
+static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    const st_matmul_args *a = &j->a;
     const uint8_t *w = a->w;
     const uint8_t *x = a->x;
+    const size_t rb = j->w_row_bytes;
+    const int64_t ahead = rb ? (int64_t)((MM_PREFETCH_BYTES + rb - 1) / rb) : 1;
     if (a->nx == 1) {
-        for (int64_t o = r0; o < r1; o++) c->dot(a->n, &a->y[o], w + o * c->w_row_bytes, x);
+        for (int64_t o = r0; o < r1; o++) {
+            if (o + ahead < r1) prefetch_row(w + (o + ahead) * rb, rb);
+            j->dot(a->n, &a->y[o], w + o * rb, x);
+        }
         return;
     }
-    int64_t tile = (int64_t)(MM_TILE_BYTES / (c->w_row_bytes ? c->w_row_bytes : 1));
+    int64_t tile = (int64_t)(MM_TILE_BYTES / (rb ? rb : 1));
     if (tile < 1) tile = 1;
     float s[MM_X_GROUP];
     for (int64_t t0 = r0; t0 < r1; t0 += tile) {
@@ -154,11 +174,12 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
             int g = a->nx - g0 < MM_X_GROUP ? a->nx - g0 : MM_X_GROUP;
             const uint8_t *xg = x + (size_t)g0 * a->x_stride;
             for (int64_t o = t0; o < t1; o++) {
-                const uint8_t *wr = w + o * c->w_row_bytes;
-                if (c->multi) {
-                    c->multi(a->n, g, s, wr, xg, a->x_stride);
+                const uint8_t *wr = w + o * rb;
+                if (g0 == 0 && o + ahead < r1) prefetch_row(w + (o + ahead) * rb, rb); // from DRAM
+                if (j->multi) {
+                    j->multi(a->n, g, s, wr, xg, a->x_stride);
                 } else {
-                    for (int r = 0; r < g; r++) c->dot(a->n, &s[r], wr, xg + (size_t)r * a->x_stride);
+                    for (int r = 0; r < g; r++) j->dot(a->n, &s[r], wr, xg + (size_t)r * a->x_stride);
                 }
                 for (int r = 0; r < g; r++) a->y[(int64_t)(g0 + r) * a->ldy + o] = s[r];
             }
@@ -166,18 +187,19 @@ static void mm_rows(const mm_ctx *c, int64_t r0, int64_t r1) {
     }
 }
 
-// Threads claim chunks of rows from a shared counter: on shared or virtual machines a thread can
-// be descheduled for a while, and a static split would make every call wait for the slowest.
+// Thread ith first takes chunk ith, then claims further chunks from a shared counter: on shared
+// or virtual machines a thread can be descheduled for a while, and with a purely static split
+// every call would wait for the slowest thread.
 static void mm_task(void *ctx, int ith, int nth) {
-    (void)ith;
-    (void)nth;
     mm_ctx *c = ctx;
-    int64_t rows = c->a->rows;
-    for (;;) {
-        int64_t r0 = atomic_fetch_add_explicit(&c->next, c->chunk, memory_order_relaxed);
-        if (r0 >= rows) break;
-        mm_rows(c, r0, r0 + c->chunk < rows ? r0 + c->chunk : rows);
+    const mm_job j = c->job; // a private copy: the calls below cannot make us re-read c
+    int64_t rows = j.a.rows;
+    int64_t r0 = (int64_t)ith * j.chunk;
+    while (r0 < rows) {
+        mm_rows(&j, r0, r0 + j.chunk < rows ? r0 + j.chunk : rows);
+        r0 = atomic_fetch_add_explicit(&c->next, j.chunk, memory_order_relaxed);
     }
+    (void)nth;
 }
 
 void st_matmul(st_pool *pool, const st_matmul_args *args) {
@@ -185,23 +207,23 @@ void st_matmul(st_pool *pool, const st_matmul_args *args) {
     ST_ASSERT(args->nx >= 1 && args->rows >= 0 && args->n >= 0);
     ST_ASSERT(args->nx == 1 || args->ldy >= args->rows);
     const st_quant_kernels *k = kernels_now();
-    mm_ctx c = {
-        .a = args,
-        .dot = k->dot[args->type],
-        .multi = k->dot_multi[args->type],
-        .w_row_bytes = st_row_bytes(args->type, args->n),
-    };
-    ST_ASSERT(c.dot != NULL);
+    mm_ctx c = {.job = {
+                    .a = *args,
+                    .dot = k->dot[args->type],
+                    .multi = k->dot_multi[args->type],
+                    .w_row_bytes = st_row_bytes(args->type, args->n),
+                }};
+    ST_ASSERT(c.job.dot != NULL);
     if (args->rows == 0) return;
     // Tiny products are not worth waking the pool for.
     int64_t work = args->rows * args->n * args->nx;
     int nth = pool && work >= 32 * 1024 ? st_pool_size(pool) : 1;
-    // About 8 chunks per thread (enough to even out a late thread), at least 16 rows each and
+    // About 4 chunks per thread (enough to even out a late thread), at least 16 rows each and
     // a multiple of 16 so chunks start on whole cache lines of the output for nx == 1.
-    int64_t chunk = (args->rows + 8 * nth - 1) / (8 * nth);
+    int64_t chunk = (args->rows + 4 * nth - 1) / (4 * nth);
     chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
-    c.chunk = chunk;
-    atomic_init(&c.next, 0);
+    c.job.chunk = chunk;
+    atomic_init(&c.next, (int64_t)nth * chunk); // chunks 0..nth-1 go to threads 0..nth-1
     if (nth == 1) mm_task(&c, 0, 1);
     else st_pool_run(pool, mm_task, &c);
 }
