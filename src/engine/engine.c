@@ -172,6 +172,9 @@ strata_status strata_session_eval_hidden(strata_session *s, const int32_t *token
 strata_status strata_session_mtp_draft(strata_session *s, int pos, const float *hidden, const int32_t *tokens,
                                        int n, float *logits, float *hidden_out) {
     const st_hparams *hp = &s->m->model->hp;
+    if (n < 0 || (n > 0 && (!hidden || !tokens)))
+        return st_fail(ST_ERR_ARG, "MTP draft: %d rows with hidden %s and tokens %s", n, hidden ? "set" : "NULL",
+                       tokens ? "set" : "NULL");
     for (int i = 0; i < n; i += s->n_batch) {
         int rows = n - i < s->n_batch ? n - i : s->n_batch;
         st_forward_out out = {.logits = logits ? logits + (size_t)i * hp->n_vocab : NULL, .want_all = true,
