@@ -267,6 +267,18 @@ st_status st_model_load(const st_gguf *g, st_model **out) {
     st_status s = read_hparams(&L);
     if (s) goto fail;
     st_hparams *hp = &m->hp;
+    if (hp->n_mtp > 0) { // where the MTP layer is (REFERENCE §2.4), if the file has one
+        char nb[128];
+        if (!st_gguf_find_tensor(g, BLK(nb, hp->n_layer, "nextn.eh_proj.weight"))) {
+            if (hp->n_layer > hp->n_mtp && st_gguf_find_tensor(g, BLK(nb, hp->n_layer - hp->n_mtp, "nextn.eh_proj.weight"))) {
+                hp->n_layer -= hp->n_mtp; // newer llama.cpp counts the MTP layers in block_count
+            } else { // e.g. llama.cpp's qwen3next converter keeps the key but drops mtp.* tensors
+                st_log_info("%s: nextn_predict_layers is %d but the file has no blk.%d.nextn.* tensors: "
+                            "running without MTP drafting", st_gguf_path(g), hp->n_mtp, hp->n_layer);
+                hp->n_mtp = 0;
+            }
+        }
+    }
 
     const st_gguf_tensor *te = st_gguf_find_tensor(g, "token_embd.weight");
     if (!te) {

@@ -155,3 +155,39 @@ def test_threads_and_chunks_quantized_top1(tmp_path, preset):
     for threads, batch in ((2, 512), (1, 1), (2, 7), (2, 64)):
         got = run(tmp_path, path, tokens, "--batch", str(batch), threads=threads)["logits"].reshape(len(tokens), -1)
         assert np.array_equal(got.argmax(-1), base.argmax(-1)), f"-t {threads} --batch {batch}: top-1 differs"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where the MTP layer is (REFERENCE §2.4)
+
+
+def test_mtp_layer_counted_in_block_count(tmp_path):
+    """Newer llama.cpp counts the MTP layers in block_count: same model, same numbers."""
+    path = synth(tmp_path, "tiny-next", "f32", "f32", mtp=True)
+    other = tmp_path / "counted.gguf"
+    other.write_bytes(path.read_bytes())
+    r = GGUFReader(str(other), "r+")
+    f = r.fields["qwen3next.block_count"]
+    f.parts[f.data[0]][0] += 1
+    r.data.flush()
+    del r
+    tokens = tokens_for(path, n=12)
+    a = run(tmp_path, path, tokens, outputs=("logits", "mtp-logits"))
+    b = run(tmp_path, other, tokens, outputs=("logits", "mtp-logits"))
+    assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["mtp-logits"], b["mtp-logits"])
+
+
+def test_mtp_key_without_tensors_runs_without_mtp(tmp_path):
+    """llama.cpp's qwen3next files may announce nextn_predict_layers with no nextn tensors."""
+    path = synth(tmp_path, "tiny-next", "f32", "f32", mtp=True)
+    data = path.read_bytes()
+    name = b"blk.4.nextn.eh_proj.weight"
+    assert data.count(name) == 1
+    broken = tmp_path / "no-nextn.gguf"
+    broken.write_bytes(data.replace(name, b"blk.4.nextn.eh_proj.weighX"))
+    tokens = tokens_for(path, n=12)
+    plain = run(tmp_path, path, tokens)["logits"]
+    assert np.array_equal(run(tmp_path, broken, tokens)["logits"], plain)
+    r = subprocess.run([BIN, "eval", "-m", str(broken), "--tokens", "1,2,3", "--logits", str(tmp_path / "l"),
+                        "--mtp-logits", str(tmp_path / "m")], capture_output=True, text=True)
+    assert r.returncode == 1 and "no MTP layer" in r.stderr
