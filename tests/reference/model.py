@@ -398,3 +398,34 @@ def delta_rule_chunked(q, k, v, g, beta, S, C=CHUNK):
             o[sl, h] = (Q * np.exp(gam)[:, None]) @ S[h] + np.where(lower, (Q @ K.T) * D, 0.0) @ Vp
             S[h] = np.exp(gam[-1]) * S[h] + (K * np.exp(gam[-1] - gam)[:, None]).T @ Vp
     return o[:T], S
+
+
+def main(argv=None):
+    """CLI: logits of a token list, saved as .npy (and the MTP drafts with --mtp)."""
+    import argparse
+    ap = argparse.ArgumentParser(description="numpy reference forward (float64) of a qwen3moe/qwen3next GGUF")
+    ap.add_argument("model")
+    ap.add_argument("tokens", type=int, nargs="+")
+    ap.add_argument("--out", help="save logits [T, vocab] here (.npy)")
+    ap.add_argument("--step", action="store_true", help="one token at a time through the caches")
+    ap.add_argument("--recurrent", action="store_true", help="recurrent DeltaNet for the prompt")
+    ap.add_argument("--mtp-out", help="save MTP draft logits [T-1, vocab] here (.npy)")
+    a = ap.parse_args(argv)
+    m = Model(a.model, deltanet="recurrent" if a.recurrent else "chunked")
+    cache = m.new_cache()
+    if a.step:
+        pairs = [m.forward([t], cache, return_hidden=True) for t in a.tokens]
+        logits, hidden = np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
+    else:
+        logits, hidden = m.forward(a.tokens, cache, return_hidden=True)
+    print("argmax:", logits.argmax(-1).tolist())
+    if a.out:
+        np.save(a.out, logits)
+    if a.mtp_out:
+        draft, _ = m.mtp(hidden[:-1], a.tokens[1:], cache)
+        print("mtp argmax:", draft.argmax(-1).tolist())
+        np.save(a.mtp_out, draft)
+
+
+if __name__ == "__main__":
+    main()
