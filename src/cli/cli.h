@@ -24,6 +24,7 @@ void st_bench_commit(char *buf, size_t size);
 int st_cmd_tokenize(int argc, char **argv);   // cmd_tokenize.c
 int st_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
 int st_cmd_template(int argc, char **argv);   // cmd_template.c
+int st_cmd_quantize(int argc, char **argv);   // cmd_quantize.c
 int st_bench_tokenizer(int argc, char **argv); // bench_tokenizer.c: `strata bench tokenizer`
 // Loads a tokenizer from a GGUF (gguf_path) or a tokenizer.json (json_path, if not NULL).
 typedef struct st_tokenizer st_tokenizer;

@@ -24,6 +24,7 @@ static const cmd cmds[] = {
     {"tokenize", st_cmd_tokenize, "text to token ids (GGUF or tokenizer.json)"},
     {"detokenize", st_cmd_detokenize, "token ids to text"},
     {"template", st_cmd_template, "render a chat template with messages and tools"},
+    {"quantize", st_cmd_quantize, "rewrite a GGUF with its weights in another type (q4_K, q8_0, ...)"},
 };
 #define N_CMDS (int)(sizeof cmds / sizeof cmds[0])
 
