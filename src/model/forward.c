@@ -262,7 +262,7 @@ static void head(st_state *s, int n, const st_forward_out *out) {
     int E = m->hp.n_embd;
     if (out && out->hidden) s->b->ops->to_host(s->b, out->hidden, s->xn, sizeof(float) * (size_t)n * E);
     if (out && out->logits) {
-        // The head row by row into the caller's buffer (host memory on the CPU backend).
+        // Into the caller's buffer (host memory on the CPU backend); n <= n_batch rows.
         int first = out->want_all ? 0 : n - 1;
         OP(matmul, &m->output, s->xn + (size_t)first * E, n - first, out->logits);
     }
