@@ -17,6 +17,8 @@ import synth_gguf  # noqa: E402
 from tests.reference import model as ref  # noqa: E402
 from tests.reference.model import Model  # noqa: E402
 
+ref.limit_blas_threads(1)
+
 
 def cfg_of(preset, **kw):
     return dataclasses.replace(synth_gguf.Config(**synth_gguf.PRESETS[preset]), **kw)

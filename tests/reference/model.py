@@ -16,6 +16,16 @@ from gguf import GGUFReader
 CHUNK = 64   # Gated DeltaNet chunk size (REFERENCE §3.3 step 8)
 
 
+def limit_blas_threads(n=1):
+    """The reference does many small matmuls; BLAS threads only spin on them (3x slower on a busy 2-core
+    machine). Limits BLAS threads for the whole process if threadpoolctl is installed; returns the limiter."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(n, user_api="blas")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Small pieces (REFERENCE §3.1)
 
