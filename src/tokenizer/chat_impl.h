@@ -203,6 +203,7 @@ struct jnode {
     int ntargets;
     jnode *filter;        // N_FOR: `if` condition; N_FILTER_BLOCK: filter chain
     bool recursive;
+    bool captures;        // N_FOR: the body defines macros / call blocks, which keep its scope
 };
 
 typedef struct jtemplate_ast {

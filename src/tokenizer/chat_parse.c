@@ -1094,6 +1094,16 @@ static jnode *parse_if(parser *p, tok *t) {
     return expect_block_end(p) ? n : NULL;
 }
 
+// Whether statements define a macro or call block (whose closure keeps the enclosing scope alive).
+static bool has_capture(jnode *const *body, int n) {
+    for (int i = 0; i < n; i++) {
+        const jnode *s = body[i];
+        if (s->kind == N_MACRO || s->kind == N_CALLBLOCK) return true;
+        if (has_capture(s->body, s->nbody) || has_capture(s->alt, s->nalt)) return true;
+    }
+    return false;
+}
+
 static jnode *parse_for(parser *p, tok *t) {
     jnode *n = node(p, N_FOR, t);
     if (!n || !parse_targets(p, n)) return NULL;
@@ -1115,6 +1125,7 @@ static jnode *parse_for(parser *p, tok *t) {
     if (!expect_block_end(p)) return NULL;
     static const char *const ends[] = {"else", "endfor", NULL};
     if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
+    n->captures = has_capture(n->body, n->nbody);
     tok *e = cur(p);
     adv(p);
     if (!strcmp(e->s->s, "else")) {

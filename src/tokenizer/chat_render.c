@@ -15,7 +15,7 @@
 #include "tokenizer/chat_impl.h"
 
 #define DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
-#define DEFAULT_MAX_STEPS 2000000ull
+#define DEFAULT_MAX_STEPS 20000000ull
 #define DEFAULT_MAX_DEPTH 64
 #define DEFAULT_MAX_MEMORY ((size_t)512 << 20)
 #define MAX_RANGE 100000 // as Jinja's sandbox: range() longer than this is refused
@@ -76,7 +76,7 @@ static bool oom(rctx *c, const jnode *at) {
 
 static bool step(rctx *c, const jnode *at) {
     if (++c->steps > c->max_steps)
-        return fail(c, at, ST_ERR_RANGE, "render took more than %llu steps (loop iterations, calls and outputs)",
+        return fail(c, at, ST_ERR_RANGE, "render took more than %llu steps (evaluations, loop iterations, calls and outputs)",
                     (unsigned long long)c->max_steps);
     return true;
 }
@@ -890,6 +890,7 @@ static bool eval(rctx *c, const jnode *n, jframe *f, jval *out) {
     if (c->failed) return false;
     if (c->edepth >= MAX_EVAL_DEPTH)
         return fail(c, n, ST_ERR_RANGE, "expressions and macro calls nested deeper than %d", MAX_EVAL_DEPTH);
+    if (!step(c, n)) return false;
     c->edepth++;
     bool ok = eval_node(c, n, f, out);
     c->edepth--;
@@ -1989,11 +1990,12 @@ static bool exec_for(rctx *c, const jnode *n, jframe *f) {
         if (!items && src->n) return oom(c, n);
         if (!items) items = src;
         size_t k = 0;
+        jframe *ff = frame_new(c, f); // one scope, cleared per item: a filter defines nothing
+        if (!ff) return oom(c, n);
         for (size_t i = 0; i < src->n; i++) {
-            if (!step(c, n)) return false;
-            jframe *ff = frame_new(c, f);
             jval keep;
-            if (!ff) return oom(c, n);
+            if (!step(c, n)) return false;
+            ff->vars->n = 0;
             if (!assign(c, n, ff, n->targets, n->ntargets, src->v[i]) || !eval(c, n->filter, ff, &keep)) return false;
             if (jv_truthy(keep)) items->v[k++] = src->v[i];
         }
@@ -2015,13 +2017,18 @@ static bool exec_for(rctx *c, const jnode *n, jframe *f) {
     if (!lname) return oom(c, n);
     if (c->depth >= c->max_depth) return fail(c, n, ST_ERR_RANGE, "loops nested deeper than %d", c->max_depth);
     c->depth++;
+    // Each iteration gets a fresh scope (Jinja's rule); the same storage is reused unless the
+    // body defines a macro, whose closure must keep its iteration's scope.
+    jframe *reuse = NULL;
     for (size_t i = 0; i < items->n; i++) {
         if (!step(c, n)) {
             c->depth--;
             return false;
         }
         lp->index0 = (int64_t)i;
-        jframe *ff = frame_new(c, f);
+        jframe *ff = reuse;
+        if (ff) ff->vars->n = 0;
+        else if ((ff = frame_new(c, f)) && !n->captures) reuse = ff;
         if (!ff || !frame_set(c, ff, lname, lv)) {
             c->depth--;
             return oom(c, n);
