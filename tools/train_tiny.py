@@ -612,9 +612,16 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shard-mb", type=float, default=14.5)
     ap.add_argument("--mtp-weight", type=float, default=0.3)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a preset field, e.g. --set max_data_mb=80 (recorded in metrics.json)")
     ap.add_argument("--eval-only", help="evaluate this hf/ checkpoint (with its tokenizer) instead of training")
     args = ap.parse_args(argv)
-    p = PRESETS[args.preset]
+    p = dict(PRESETS[args.preset])
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        if k not in p:
+            ap.error(f"--set {kv}: no preset field {k!r} ({', '.join(p)})")
+        p[k] = type(p[k])(float(v)) if isinstance(p[k], (int, float)) else v
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
