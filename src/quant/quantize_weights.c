@@ -110,11 +110,17 @@ static void q5_1_block(const float *x, void *out) {
 // the extreme: a slightly smaller range clips one outlier but rounds the other 31 values finer,
 // which often wins; the best shrink depends on the data, so it is searched, not fixed.
 
-#define SEARCH_STEPS 5 // candidates on each side of the extreme-to-extreme scale (more: <0.5% better, slower)
+// Candidate inverse scales: `steps` on each side of the extreme-to-extreme one, reaching ± span
+// (relative). Types with many levels gain little from a wide search (q6_K: 0.1% from 2 to 10
+// steps), so each type takes only what pays for itself.
+typedef struct search {
+    float span;
+    int steps;
+} search;
 
 // x ≈ s·q − m with q in [0, nmax] and m >= 0 (Q2_K/Q4_K/Q5_K subtract an unsigned min).
 // Returns the squared error; *s >= 0.
-static float fit_affine(const float *x, int n, int nmax, float span, float *s_out, float *m_out) {
+static float fit_affine(const float *x, int n, int nmax, search sr, float *s_out, float *m_out) {
     float lo, hi;
     min_max(x, n, &lo, &hi);
     if (lo > 0.0f) lo = 0.0f; // the offset can only move codes down, so 0 must stay reachable
@@ -130,8 +136,8 @@ static float fit_affine(const float *x, int n, int nmax, float span, float *s_ou
     }
     // Baseline: the plain min/max mapping.
     float best_s = range / (float)nmax, best_m = -lo, best_err = INFINITY;
-    for (int k = -SEARCH_STEPS; k <= SEARCH_STEPS; k++) {
-        float iscale = (float)nmax * (1.0f + span * (float)k / SEARCH_STEPS) / range;
+    for (int k = -sr.steps; k <= sr.steps; k++) {
+        float iscale = (float)nmax * (1.0f + sr.span * (float)k / (float)sr.steps) / range;
         float sq = 0.0f, sqq = 0.0f, sqx = 0.0f;
         for (int j = 0; j < n; j++) {
             float q = (float)code((x[j] - lo) * iscale, 0, nmax);
@@ -160,14 +166,14 @@ static float fit_affine(const float *x, int n, int nmax, float span, float *s_ou
 
 // x ≈ s·q with q in [-nneg, npos]; s may be negative (the formats' scales are signed, and
 // mapping the extreme to the longer negative side gains half a step). Returns s.
-static float fit_symmetric(const float *x, int n, int nneg, int npos, float span) {
+static float fit_symmetric(const float *x, int n, int nneg, int npos, search sr) {
     float max = signed_amax(x, n);
     if (max == 0.0f) return 0.0f;
     float best_s = 0.0f, best_gain = -1.0f;
     for (int side = 0; side < 2; side++) {
         float target = side == 0 ? -(float)nneg : (float)npos;
-        for (int k = -SEARCH_STEPS; k <= SEARCH_STEPS; k++) {
-            float iscale = target * (1.0f + span * (float)k / SEARCH_STEPS) / max;
+        for (int k = -sr.steps; k <= sr.steps; k++) {
+            float iscale = target * (1.0f + sr.span * (float)k / (float)sr.steps) / max;
             float sqq = 0.0f, sqx = 0.0f;
             for (int j = 0; j < n; j++) {
                 int q = code(x[j] * iscale, -nneg, npos);
@@ -183,35 +189,42 @@ static float fit_symmetric(const float *x, int n, int nneg, int npos, float span
     return best_s;
 }
 
-// IQ4's non-linear grid as floats, with the 15 midpoints between neighbours (values ascending).
-// Built once per st_quantize_weights call: the int8 table converted in the inner loops costs
-// more than the search itself.
+// IQ4's non-linear grid as floats, the 15 midpoints between neighbours (values ascending), and
+// the nearest index for every half-unit cell of [-128, 128): every midpoint is a multiple of
+// 0.5, so a cell's nearest value is fixed except at its left edge, where v equal to a midpoint
+// goes down (one comparison fixes that). Built once per st_quantize_weights call.
 typedef struct iq4_grid {
     float v[16], mid[15];
+    uint8_t cell[512]; // cell c covers [(c - 256) / 2, (c - 255) / 2)
 } iq4_grid;
 
 static void iq4_grid_init(iq4_grid *g) {
     for (int k = 0; k < 16; k++) g->v[k] = (float)st_kvalues_iq4nl[k];
     for (int k = 0; k < 15; k++) g->mid[k] = 0.5f * (g->v[k] + g->v[k + 1]);
+    for (int c = 0, i = 0; c < 512; c++) {
+        float lo = (float)(c - 256) * 0.5f;
+        while (i < 15 && lo >= g->mid[i]) i++; // the cell starts at or above midpoint i
+        g->cell[c] = (uint8_t)i;
+    }
 }
 
-// Index of the grid value nearest v: a binary search; i ends as the count of midpoints below v.
+// Index of the grid value nearest v (ties go to the lower value).
 static inline int iq4_index(const iq4_grid *g, float v) {
-    int i = 0;
-    for (int step = 8; step; step >>= 1)
-        if (i + step <= 15 && v > g->mid[i + step - 1]) i += step;
+    float c = 2.0f * v + 256.0f;
+    int i = !(c >= 0.0f) ? 0 : c >= 511.0f ? 15 : g->cell[(int)c];
+    if (i > 0 && v <= g->mid[i - 1]) i--;
     return i;
 }
 
 // x ≈ s·grid[idx]; s signed (the grid is not symmetric, so both orientations are tried).
-static float fit_iq4(const iq4_grid *g, const float *x, int n, float span) {
+static float fit_iq4(const iq4_grid *g, const float *x, int n, search sr) {
     float max = signed_amax(x, n);
     if (max == 0.0f) return 0.0f;
     float best_s = 0.0f, best_gain = -1.0f;
     for (int side = 0; side < 2; side++) {
         float target = side == 0 ? g->v[0] : g->v[15];
-        for (int k = -SEARCH_STEPS; k <= SEARCH_STEPS; k++) {
-            float iscale = target * (1.0f + span * (float)k / SEARCH_STEPS) / max;
+        for (int k = -sr.steps; k <= sr.steps; k++) {
+            float iscale = target * (1.0f + sr.span * (float)k / (float)sr.steps) / max;
             float svv = 0.0f, svx = 0.0f;
             for (int j = 0; j < n; j++) {
                 float v = g->v[iq4_index(g, x[j] * iscale)];
@@ -260,14 +273,14 @@ static void symmetric_codes(const float *x, int n, int nneg, int npos, float dl,
 
 typedef struct affine_plan {
     int nsub, sub, nmax, smax; // sub-blocks, elements each, code max, scale/min code max
-    float span;
+    search sr;
 } affine_plan;
 
 static void affine_superblock(const float *x, const affine_plan *p, float *d_out, float *dmin_out,
                               uint8_t *sc, uint8_t *mc, uint8_t *q) {
     float s[16], m[16], smax = 0.0f, mmax = 0.0f;
     for (int i = 0; i < p->nsub; i++) {
-        fit_affine(x + i * p->sub, p->sub, p->nmax, p->span, &s[i], &m[i]);
+        fit_affine(x + i * p->sub, p->sub, p->nmax, p->sr, &s[i], &m[i]);
         smax = fmaxf(smax, s[i]);
         mmax = fmaxf(mmax, m[i]);
     }
@@ -296,9 +309,9 @@ static void affine_superblock(const float *x, const affine_plan *p, float *d_out
     *dmin_out = dmin;
 }
 
-static const affine_plan plan_q2_K = {16, 16, 3, 15, 0.4f};
-static const affine_plan plan_q4_K = {8, 32, 15, 63, 0.2f};
-static const affine_plan plan_q5_K = {8, 32, 31, 63, 0.1f};
+static const affine_plan plan_q2_K = {16, 16, 3, 15, {0.4f, 5}};
+static const affine_plan plan_q4_K = {8, 32, 15, 63, {0.2f, 5}};
+static const affine_plan plan_q5_K = {8, 32, 31, 63, {0.1f, 3}};
 
 static void q2_K_block(const float *x, void *out) {
     block_q2_K *y = out;
@@ -356,10 +369,10 @@ static void q5_K_block(const float *x, void *out) {
 // Q6_K: codes -32..31, int8 scales). The sub-block scale of largest magnitude maps to the most
 // negative scale code, so the super-block scale d may be negative.
 
-static void symmetric_superblock(const float *x, int nneg, int npos, int sneg, int spos, float span,
+static void symmetric_superblock(const float *x, int nneg, int npos, int sneg, int spos, search sr,
                                  float *d_out, int8_t sc[16], int8_t q[QK_K]) {
     float s[16];
-    for (int i = 0; i < 16; i++) s[i] = fit_symmetric(x + 16 * i, 16, nneg, npos, span);
+    for (int i = 0; i < 16; i++) s[i] = fit_symmetric(x + 16 * i, 16, nneg, npos, sr);
     float smax = signed_amax(s, 16);
     float d = f16_round(smax / -(float)sneg), id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int i = 0; i < 16; i++) {
@@ -373,7 +386,7 @@ static void q3_K_block(const float *x, void *out) {
     block_q3_K *y = out;
     float d;
     int8_t sc[16], q[QK_K];
-    symmetric_superblock(x, 4, 3, 32, 31, 0.4f, &d, sc, q);
+    symmetric_superblock(x, 4, 3, 32, 31, (search){0.4f, 5}, &d, sc, q);
     y->d = st_f32_to_f16(d);
     memset(y->scales, 0, sizeof y->scales);
     for (int s = 0; s < 16; s++) { // 6-bit u = sc + 32: low nibble in byte s % 8, top 2 bits in 8 + s % 4
@@ -394,7 +407,7 @@ static void q6_K_block(const float *x, void *out) {
     block_q6_K *y = out;
     float d;
     int8_t sc[16], q[QK_K];
-    symmetric_superblock(x, 32, 31, 128, 127, 0.1f, &d, sc, q);
+    symmetric_superblock(x, 32, 31, 128, 127, (search){0.1f, 2}, &d, sc, q);
     y->d = st_f32_to_f16(d);
     memcpy(y->scales, sc, sizeof y->scales);
     memset(y->ql, 0, sizeof y->ql);
@@ -409,8 +422,10 @@ static void q6_K_block(const float *x, void *out) {
 // ---------------------------------------------------------------------------------------------
 // IQ4_NL (32 elements, one fp16 scale) and IQ4_XS (8 × 32 with 6-bit signed sub-block scales).
 
+static const search iq4_search = {0.2f, 4};
+
 static void iq4_nl_block(const iq4_grid *g, const float *x, block_iq4_nl *y) {
-    float d = f16_round(fit_iq4(g, x, QK4_NL, 0.2f));
+    float d = f16_round(fit_iq4(g, x, QK4_NL, iq4_search));
     uint8_t idx[QK4_NL];
     iq4_codes(g, x, QK4_NL, d, idx);
     y->d = st_f32_to_f16(d);
@@ -419,7 +434,7 @@ static void iq4_nl_block(const iq4_grid *g, const float *x, block_iq4_nl *y) {
 
 static void iq4_xs_block(const iq4_grid *g, const float *x, block_iq4_xs *y) {
     float s[8];
-    for (int i = 0; i < 8; i++) s[i] = fit_iq4(g, x + 32 * i, 32, 0.2f);
+    for (int i = 0; i < 8; i++) s[i] = fit_iq4(g, x + 32 * i, 32, iq4_search);
     float smax = signed_amax(s, 8);
     float d = f16_round(smax / -32.0f), id = d != 0.0f ? 1.0f / d : 0.0f;
     y->d = st_f32_to_f16(d);

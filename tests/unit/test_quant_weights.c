@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "quant/quant.h"
+#include "quant/iq_tables.h"
 
 // Deterministic random numbers (splitmix64, Box-Muller).
 static uint64_t rng_state;
@@ -41,10 +42,10 @@ static const struct { st_type type; double bound; } cases[] = {
     {ST_TYPE_F16, 2.3e-4},    // 2.08e-4
     {ST_TYPE_BF16, 1.85e-3},  // 1.67e-3
     {ST_TYPE_Q8_0, 5.9e-3},   // 5.34e-3
-    {ST_TYPE_Q6_K, 1.85e-2},  // 1.66e-2
+    {ST_TYPE_Q6_K, 1.85e-2},  // 1.68e-2
     {ST_TYPE_Q5_1, 4.15e-2},  // 3.76e-2
     {ST_TYPE_Q5_0, 4.7e-2},   // 4.26e-2
-    {ST_TYPE_Q5_K, 3.8e-2},   // 3.44e-2
+    {ST_TYPE_Q5_K, 3.8e-2},   // 3.46e-2
     {ST_TYPE_Q4_1, 8.6e-2},   // 7.79e-2
     {ST_TYPE_Q4_0, 9.4e-2},   // 8.51e-2
     {ST_TYPE_Q4_K, 7.75e-2},  // 7.03e-2
@@ -191,6 +192,33 @@ static void test_search_beats_plain(void **state) {
     test_free(x);
 }
 
+// Data on a type's own grid come back exactly: every sub-block holds the most negative code, so
+// the extreme-to-extreme candidate is the exact scale (a power of two, exact in fp16) and the
+// search must keep it. Checks the code search and the bit packing together.
+static void test_exact_grid(void **state) {
+    (void)state;
+    enum { N = 512 };
+    static const struct { st_type t; int sub, lo, hi; bool iq4; } grids[] = {
+        {ST_TYPE_Q8_0, 32, -127, 127, false}, {ST_TYPE_Q6_K, 16, -32, 31, false},
+        {ST_TYPE_Q3_K, 16, -4, 3, false},     {ST_TYPE_IQ4_NL, 32, 0, 15, true},
+        {ST_TYPE_IQ4_XS, 32, 0, 15, true},
+    };
+    float x[N], y[N];
+    uint8_t q[N * 2];
+    rng_state = 1234;
+    for (size_t g = 0; g < sizeof grids / sizeof grids[0]; g++) {
+        const float d = 1.0f / 64.0f;
+        for (int i = 0; i < N; i++) {
+            int c = grids[g].lo + (int)(rng_u64() % (uint64_t)(grids[g].hi - grids[g].lo + 1));
+            if (i % grids[g].sub == 5) c = grids[g].lo; // the extreme, somewhere in every sub-block
+            x[i] = d * (float)(grids[g].iq4 ? st_kvalues_iq4nl[c] : c);
+        }
+        st_quantize_weights(grids[g].t, x, q, 1, N);
+        st_dequantize(grids[g].t, q, y, N);
+        for (int i = 0; i < N; i++) assert_true(y[i] == x[i]);
+    }
+}
+
 static void test_unsupported(void **state) {
     (void)state;
     assert_false(st_quantize_weights_supported(ST_TYPE_Q8_1));
@@ -204,7 +232,7 @@ int main(void) {
         cmocka_unit_test(test_error_bounds),     cmocka_unit_test(test_scale_invariance),
         cmocka_unit_test(test_deterministic_rows), cmocka_unit_test(test_q8_0_is_activation_quantizer),
         cmocka_unit_test(test_special_blocks),   cmocka_unit_test(test_search_beats_plain),
-        cmocka_unit_test(test_unsupported),
+        cmocka_unit_test(test_exact_grid),       cmocka_unit_test(test_unsupported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
