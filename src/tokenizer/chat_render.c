@@ -5,6 +5,9 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <locale.h>
+#include <pthread.h>
+#include <wctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -361,23 +364,50 @@ static jval str_split(rctx *c, const jstr *s, const jstr *sep, int64_t maxsplit,
     return l;
 }
 
-static jval ascii_case(rctx *c, const jstr *s, int mode) { // 0 lower, 1 upper, 2 capitalize, 3 title
-    jval r = mkstr(c, s->s, s->len);
-    if (!STR_OK(r)) return r;
-    char *p = r.s->s;
-    bool start = true;
-    for (size_t i = 0; i < r.s->len; i++) {
-        char ch = p[i];
-        bool alpha = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z');
-        bool up;
-        if (mode == 0) up = false;
-        else if (mode == 1) up = true;
-        else if (mode == 2) up = i == 0;
-        else up = start;
-        if (alpha) p[i] = up ? (char)(ch & ~0x20) : (char)(ch | 0x20);
-        if (mode == 3) start = !alpha && !((unsigned char)ch >= 0x80) && !(ch >= '0' && ch <= '9');
-        if (mode == 2 && i == 0 && !alpha) { /* first char not a letter: rest still lowered */ }
+// Case mapping beyond ASCII uses the C library's simple Unicode mappings (the C.UTF-8 locale),
+// which agree with Python's str.upper/lower except for the few characters whose mapping changes
+// length (ß -> SS is special-cased here) or depends on context (final sigma).
+static locale_t utf8_locale;
+static pthread_once_t utf8_locale_once = PTHREAD_ONCE_INIT;
+static void utf8_locale_init(void) { utf8_locale = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0); }
+
+static uint32_t map_case(uint32_t cp, bool up) {
+    if (cp < 0x80) {
+        if (up && cp >= 'a' && cp <= 'z') return cp - 32;
+        if (!up && cp >= 'A' && cp <= 'Z') return cp + 32;
+        return cp;
     }
+    pthread_once(&utf8_locale_once, utf8_locale_init);
+    if (!utf8_locale) return cp;
+    return (uint32_t)(up ? towupper_l((wint_t)cp, utf8_locale) : towlower_l((wint_t)cp, utf8_locale));
+}
+static bool is_cased(uint32_t cp) { return map_case(cp, true) != cp || map_case(cp, false) != cp; }
+
+// 0 lower, 1 upper, 2 capitalize, 3 str.title() (a word starts after any uncased character),
+// 4 Jinja's |title filter (a word starts after whitespace or one of -({[<)
+static jval ascii_case(rctx *c, const jstr *s, int mode) {
+    jbuf b = {0};
+    b.max = c->a->cap;
+    bool start = true;
+    for (size_t i = 0; i < s->len;) {
+        size_t st = i;
+        uint32_t cp = utf8_next(s->s, s->len, &i);
+        bool up = mode == 1 || (mode == 2 && st == 0) || (mode >= 3 && start);
+        if (up && cp == 0xDF) { // ß has no single upper-case letter: Python writes SS (Ss in titles)
+            jb_puts(&b, mode == 1 ? "SS" : "Ss");
+        } else {
+            uint32_t m = map_case(cp, up);
+            if (m == cp) jb_put(&b, s->s + st, i - st); // unchanged: keep the bytes as they were
+            else {
+                char enc[4];
+                jb_put(&b, enc, (size_t)utf8_put(enc, m));
+            }
+        }
+        if (mode == 3) start = !is_cased(cp);
+        if (mode == 4) start = cp < 0x80 && cp && strchr("-({[< \t\n\r\f\v", (int)cp) != NULL;
+    }
+    jval r = b.over ? jv_undef(NULL) : mkstr(c, b.p ? b.p : "", b.len);
+    jb_free(&b);
     return r;
 }
 
@@ -1219,10 +1249,6 @@ static bool call_method(rctx *c, const jnode *at, const jfunc *fn, jval *args, j
     }
     case M_UPPER: case M_LOWER: case M_TITLE: case M_CAPITALIZE:
         *out = ascii_case(c, s, fn->kind == M_LOWER ? 0 : fn->kind == M_UPPER ? 1 : fn->kind == M_CAPITALIZE ? 2 : 3);
-        if (fn->kind == M_CAPITALIZE && STR_OK(*out)) { // rest lowered
-            for (size_t i = 1; i < out->s->len; i++)
-                if (out->s->s[i] >= 'A' && out->s->s[i] <= 'Z') out->s->s[i] |= 0x20;
-        }
         return STR_OK(*out) || oom(c, at);
     case M_FIND: case M_RFIND: case M_COUNT: {
         jval q = arg(args, kw, nargs, 0, NULL, jv_undef(NULL));
@@ -1657,7 +1683,13 @@ static bool apply_filter(rctx *c, const jnode *n, jval v, jval *args, jstr **kw,
         *out = v.t == JV_UNDEF || (jv_truthy(bo) && !jv_truthy(v)) ? dv : v;
         return true;
     }
-    if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "capitalize") || !strcmp(name, "title")) {
+    if (!strcmp(name, "title")) {
+        jval s;
+        if (!to_str(c, n, v, &s)) return false;
+        *out = ascii_case(c, s.s, 4);
+        return STR_OK(*out) || oom(c, n);
+    }
+    if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "capitalize")) {
         jval s;
         if (!to_str(c, n, v, &s)) return false;
         jfunc fn = {.kind = name[0] == 'u' ? M_UPPER : name[0] == 'l' ? M_LOWER : name[0] == 'c' ? M_CAPITALIZE : M_TITLE,

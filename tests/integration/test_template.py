@@ -370,7 +370,8 @@ SNIPPETS = [
     "{% for i in [1] %}{% set y = 5 %}{% for j in [1, 2] %}{{ y }}{% set y = j %}{% endfor %}{{ y }}{% endfor %}",
     "{% if true %}{% set z = 1 %}{% endif %}{{ z }}{% set w = 1 %}{% if true %}{{ w }}{% set w = 2 %}{% endif %}{{ w }}",
     "{% for m in parts_msgs %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %};{% endfor %}",
-    "{{ parts_msgs[1].content | tojson }} {{ parts_msgs[1].content is iterable }} {{ parts_msgs[1].content is string }} {{ parts_msgs[1].content[0].text }}",
+    "{{ parts_msgs[1].content | tojson }} {{ parts_msgs[1].content is iterable }} {{ parts_msgs[1].content is string }} {{ parts_msgs[1].content[0].text }}",    "{{ \"they're bill's-friends (from) [the] {uk} <x>y a1b\tc\" | title }}|{{ \"they're bill's a1b x_y\".title() }}|{{ 'ÉCOLE école' | lower }}",
+    "{{ 'straße' | upper }} {{ 'ΑΒΓ δ' | lower }} {{ 'привет мир' | title }} {{ 'élan vital' | capitalize }} {{ 'Ñandú' | upper }} {{ 'ÀÉÎÕÜ' | lower }}",
 ]
 
 SNIPPET_VARS = {
