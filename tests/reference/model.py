@@ -98,6 +98,13 @@ class Weights:
             self._cache[name] = self._deq(t, t.data)
         return self._cache[name]
 
+    def rows(self, name, idx):
+        """Rows idx of a matrix (an embedding lookup) without dequantizing the whole tensor."""
+        if name in self._cache:
+            return self._cache[name][idx]
+        t = self.tensors[name]
+        return self._deq(t, t.data[np.asarray(idx)])
+
     def expert(self, name, e):
         key = (name, e)
         if key not in self._cache:
@@ -143,7 +150,7 @@ def read_hparams(w: Weights) -> HParams:
     kv = list(kv) if isinstance(kv, list) else [int(kv)] * (n_layer + 1)
     head_dim = int(g("attention.key_length", g("embedding_length") // g("attention.head_count")))
     hp = HParams(arch=a, n_layer=n_layer, n_embd=int(g("embedding_length")),
-                 n_vocab=w.tensors["token_embd.weight"].shape[1], n_head=int(g("attention.head_count")),
+                 n_vocab=int(w.tensors["token_embd.weight"].shape[1]), n_head=int(g("attention.head_count")),
                  n_head_kv=kv, head_dim=head_dim, n_expert=int(g("expert_count")),
                  n_expert_used=int(g("expert_used_count")), eps=float(g("attention.layer_norm_rms_epsilon")),
                  rope_base=float(g("rope.freq_base", 10000.0)), n_rot=int(g("rope.dimension_count", head_dim)))
@@ -210,7 +217,7 @@ class Model:
         cache = cache if cache is not None else self.new_cache()
         tokens = np.asarray(tokens, dtype=np.int64)
         pos = cache.n_past + np.arange(len(tokens))
-        x = w("token_embd.weight")[tokens]
+        x = w.rows("token_embd.weight", tokens)
         for il in range(hp.n_layer):
             x = self.layer(il, x, cache.layer(il), pos, router_log)
         cache.n_past += len(tokens)
@@ -358,7 +365,7 @@ class Model:
             n_seen = 0 if cache.mtp.pos is None else len(cache.mtp.pos)
             pos = n_seen + 1 + np.arange(T)
         pos = np.asarray(pos)
-        e = rmsnorm(w("token_embd.weight")[np.asarray(next_tokens)], w(p + "nextn.enorm.weight"), hp.eps)
+        e = rmsnorm(w.rows("token_embd.weight", next_tokens), w(p + "nextn.enorm.weight"), hp.eps)
         h = rmsnorm(hidden, w(p + "nextn.hnorm.weight"), hp.eps)
         u = np.concatenate([e, h], axis=-1) @ w(p + "nextn.eh_proj.weight").T   # [embedding, hidden]
         u = self.layer(L, u, cache.mtp, pos, router_log)
