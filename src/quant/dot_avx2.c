@@ -542,7 +542,19 @@ AI __m256i set_u64x4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { // a lowe
 enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
 
 // Group g (32 elements) of block blk: unsigned grid bytes, +-1 signs and int16 scales.
-AI void iq_group(const int kind, const void *blk, int g, __m256i *grid, __m256i *sgn, __m256i *sc) {
+// IQ2_XS / IQ2_S: the 16 odd scales 2s+1 (one per 16 elements, low nibble first) as bytes.
+AI __m128i iq2_scales16(const uint8_t *scales) {
+    uint64_t v;
+    memcpy(&v, scales, 8);
+    __m128i lo = _mm_cvtsi64_si128((long long)(v & 0x0f0f0f0f0f0f0f0full));
+    __m128i hi = _mm_cvtsi64_si128((long long)((v >> 4) & 0x0f0f0f0f0f0f0f0full));
+    __m128i x = _mm_unpacklo_epi8(lo, hi);
+    return _mm_add_epi8(_mm_add_epi8(x, x), _mm_set1_epi8(1));
+}
+
+// sc16: iq2_scales16 of the block for IQ2_XS / IQ2_S (unused otherwise).
+AI void iq_group(const int kind, const void *blk, __m128i sc16, int g, __m256i *grid, __m256i *sgn,
+                 __m256i *sc) {
     if (kind == IQ2_XXS) {
         const block_iq2_xxs *b = blk;
         uint32_t idx, aux;
@@ -559,8 +571,7 @@ AI void iq_group(const int kind, const void *blk, int g, __m256i *grid, __m256i 
         *grid = set_u64x4(st_iq2xs_grid[q[0] & 511], st_iq2xs_grid[q[1] & 511], st_iq2xs_grid[q[2] & 511],
                           st_iq2xs_grid[q[3] & 511]);
         *sgn = set_u64x4(ksign8[q[0] >> 9], ksign8[q[1] >> 9], ksign8[q[2] >> 9], ksign8[q[3] >> 9]);
-        *sc = _mm256_set_m128i(_mm_set1_epi16((short)(2 * (b->scales[g] >> 4) + 1)),
-                               _mm_set1_epi16((short)(2 * (b->scales[g] & 15) + 1)));
+        *sc = pair_scales(sc16, g);
     } else if (kind == IQ2_S) {
         const block_iq2_s *b = blk;
         const uint8_t *q = b->qs + 4 * g, *sg = b->qs + QK_K / 8 + 4 * g;
@@ -568,8 +579,7 @@ AI void iq_group(const int kind, const void *blk, int g, __m256i *grid, __m256i 
         *grid = set_u64x4(st_iq2s_grid[q[0] | (h << 8 & 0x300)], st_iq2s_grid[q[1] | (h << 6 & 0x300)],
                           st_iq2s_grid[q[2] | (h << 4 & 0x300)], st_iq2s_grid[q[3] | (h << 2 & 0x300)]);
         *sgn = set_u64x4(sign8[sg[0]], sign8[sg[1]], sign8[sg[2]], sign8[sg[3]]);
-        *sc = _mm256_set_m128i(_mm_set1_epi16((short)(2 * (b->scales[g] >> 4) + 1)),
-                               _mm_set1_epi16((short)(2 * (b->scales[g] & 15) + 1)));
+        *sc = pair_scales(sc16, g);
     } else if (kind == IQ3_XXS) {
         const block_iq3_xxs *b = blk;
         const uint8_t *q = b->qs + 8 * g;
@@ -607,9 +617,12 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
         st_f16 dh;
         memcpy(&dh, blk, 2); // every IQ2/IQ3 block starts with d
         float d = f16(dh) * factor;
+        __m128i sc16 = kind == IQ2_XS ? iq2_scales16(((const block_iq2_xs *)blk)->scales)
+                     : kind == IQ2_S ? iq2_scales16(((const block_iq2_s *)blk)->scales)
+                                     : _mm_setzero_si128();
         __m256i grid[8], sgn[8], sc[8];
         #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) iq_group(kind, blk, g, &grid[g], &sgn[g], &sc[g]);
+        for (int g = 0; g < 8; g++) iq_group(kind, blk, sc16, g, &grid[g], &sgn[g], &sc[g]);
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
@@ -681,6 +694,52 @@ AI void iq1_s_rows(int64_t n, const int NR, float *s, const void *w, const void 
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + hsum_ps128(accd[r]);
 }
 DEFINE_DOTS(iq1_s, iq1_s_rows)
+
+// IQ1_M: like IQ1_S with a 3-bit scale per 16 elements and the delta sign per 8. The value
+// grid + delta = (8 grid +- 1) / 8 is kept as the int8 8 grid +- 1 (never 0), multiplied with
+// the sign trick; the 1/8 goes into the block factor.
+AI void iq1_m_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_iq1_m *b = w;
+    const int64_t nb = n / QK_K;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        uint16_t sc[4];
+        memcpy(sc, b[i].scales, sizeof sc);
+        st_f16 dh = (st_f16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+        float d = f16(dh) * 0.125f;
+        __m256i q[8], aq[8], scv[8];
+        #pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            uint64_t rows[4], dsg[4];
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                int r = 4 * g + k;
+                unsigned hq = (b[i].qh[r / 2] >> (4 * (r % 2))) & 15;
+                rows[k] = st_iq1s_grid[b[i].qs[r] | (hq & 7) << 8];
+                dsg[k] = hq & 8 ? 0xffffffffffffffffull : 0x0101010101010101ull;
+            }
+            __m256i grid = set_u64x4(rows[0], rows[1], rows[2], rows[3]);
+            __m256i g8 = _mm256_and_si256(_mm256_slli_epi16(grid, 3), _mm256_set1_epi8((char)0xf8));
+            q[g] = _mm256_add_epi8(g8, set_u64x4(dsg[0], dsg[1], dsg[2], dsg[3]));
+            aq[g] = _mm256_sign_epi8(q[g], q[g]);
+            int sh = 6 * (g % 2);
+            int ls0 = 2 * ((sc[g / 2] >> sh) & 7) + 1, ls1 = 2 * ((sc[g / 2] >> (sh + 3)) & 7) + 1;
+            scv[g] = _mm256_set_m128i(_mm_set1_epi16((short)ls1), _mm_set1_epi16((short)ls0));
+        }
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i sumi = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), q[g]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[g], qy), scv[g]));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
+}
+DEFINE_DOTS(iq1_m, iq1_m_rows)
 
 // ---------------------------------------------------------------------------------------------
 // F32, F16, BF16 (activations of the same type)
@@ -761,6 +820,7 @@ void st_quant_kernels_avx2(st_quant_kernels *k) {
     SET(ST_TYPE_IQ3_XXS, iq3_xxs);
     SET(ST_TYPE_IQ3_S, iq3_s);
     SET(ST_TYPE_IQ1_S, iq1_s);
+    SET(ST_TYPE_IQ1_M, iq1_m);
     SET(ST_TYPE_F32, f32);
     SET(ST_TYPE_F16, f16);
     SET(ST_TYPE_BF16, bf16);
