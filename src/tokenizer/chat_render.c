@@ -714,6 +714,142 @@ static bool type_error(rctx *c, const jnode *at, int op, jval a, jval b) {
                 jv_type_name(a), jv_type_name(b));
 }
 
+// Whether every positional argument was used (a mapping or a non-tuple argument used once
+// needs no check beyond that).
+static bool have_mapping_or_done(jval args, size_t used, size_t n) {
+    if (args.t == JV_DICT) return true;
+    if (args.t == JV_LIST && args.l->tuple) return used == n;
+    return used == 1;
+}
+
+// Python's printf-style formatting, `fmt % args`: a tuple spreads into the conversions, a dict
+// serves %(name)s, anything else is the single argument. Conversions s r a d i u f F e E g G x X
+// o c and %%, with flags, width and precision.
+static bool percent_format(rctx *c, const jnode *at, const jstr *fmt, jval args, jval *out) {
+    const jval *av = &args;
+    size_t an = 1, ai = 0;
+    if (args.t == JV_LIST && args.l->tuple) av = args.l->v, an = args.l->n;
+    jbuf b = {0};
+    b.max = c->a->cap;
+    const char *s = fmt->s, *e = s + fmt->len;
+    bool ok = true;
+    while (s < e && ok) {
+        const char *pct = memchr(s, '%', (size_t)(e - s));
+        if (!pct) {
+            jb_put(&b, s, (size_t)(e - s));
+            break;
+        }
+        jb_put(&b, s, (size_t)(pct - s));
+        s = pct + 1;
+        jval v = jv_undef(NULL);
+        bool have = false;
+        if (s < e && *s == '(') { // %(key)s
+            const char *close = memchr(s, ')', (size_t)(e - s));
+            if (!close || args.t != JV_DICT) {
+                ok = fail(c, at, ST_ERR_ARG, "format requires a mapping");
+                break;
+            }
+            const jval *x = jd_get(args.d, s + 1, (size_t)(close - s - 1));
+            if (!x) {
+                ok = fail(c, at, ST_ERR_ARG, "KeyError: '%.*s'", (int)(close - s - 1), s + 1);
+                break;
+            }
+            v = *x, have = true;
+            s = close + 1;
+        }
+        char spec[48];
+        size_t k = 0;
+        spec[k++] = '%';
+        while (s < e && strchr("-+ 0#", *s) && k < 8) spec[k++] = *s++;
+        while (s < e && *s >= '0' && *s <= '9' && k < 20) spec[k++] = *s++;
+        if (s < e && *s == '.') {
+            spec[k++] = *s++;
+            while (s < e && *s >= '0' && *s <= '9' && k < 32) spec[k++] = *s++;
+        }
+        if (s >= e) {
+            ok = fail(c, at, ST_ERR_ARG, "incomplete format");
+            break;
+        }
+        spec[k] = 0;
+        char conv = *s++;
+        if (conv == '%') {
+            jb_put(&b, "%", 1);
+            continue;
+        }
+        if (!strchr("sradiufFeEgGxXoc", conv)) {
+            ok = fail(c, at, ST_ERR_ARG, "unsupported format character '%c'", conv);
+            break;
+        }
+        if (!have) {
+            if (ai >= an) {
+                ok = fail(c, at, ST_ERR_ARG, "not enough arguments for format string");
+                break;
+            }
+            v = av[ai++];
+        }
+        char tmp[512];
+        if (conv == 's' || conv == 'r' || conv == 'a' || conv == 'c') {
+            jbuf sb = {0};
+            if (conv == 'c' && (v.t == JV_INT || v.t == JV_BOOL)) {
+                char enc[4];
+                jb_put(&sb, enc, (size_t)utf8_put(enc, (uint32_t)inum(v) & 0x1FFFFF));
+            } else if (conv == 'r' || conv == 'a') jv_write_repr(&sb, v);
+            else jv_write_str(&sb, v);
+            // width/precision count characters; '-' pads on the right
+            int width = 0, prec = -1;
+            bool left = false;
+            for (size_t q = 1; q < k; q++) {
+                if (spec[q] == '-') left = true;
+                else if (spec[q] == '.') {
+                    prec = atoi(spec + q + 1);
+                    break;
+                } else if (spec[q] >= '1' && spec[q] <= '9' && !width) width = atoi(spec + q);
+            }
+            const char *txt = sb.p ? sb.p : "";
+            size_t tl = sb.len, nchar = utf8_count(txt, tl);
+            if (prec >= 0 && (size_t)prec < nchar) { // cut to prec characters
+                size_t q = 0;
+                for (int m = 0; m < prec; m++) utf8_next(txt, tl, &q);
+                tl = q, nchar = (size_t)prec;
+            }
+            size_t pad = width > 0 && (size_t)width > nchar ? (size_t)width - nchar : 0;
+            if (!left) for (size_t q = 0; q < pad; q++) jb_put(&b, " ", 1);
+            jb_put(&b, txt, tl);
+            if (left) for (size_t q = 0; q < pad; q++) jb_put(&b, " ", 1);
+            jb_free(&sb);
+            continue;
+        }
+        if (!is_num(v)) {
+            ok = fail(c, at, ST_ERR_ARG, "%%%c format: a real number is required, not %s", conv, jv_type_name(v));
+            break;
+        }
+        if (strchr("diuxXo", conv)) {
+            int64_t x = v.t == JV_FLOAT ? (int64_t)v.f : inum(v);
+            if (conv == 'x' || conv == 'X' || conv == 'o') {
+                // Python prints the sign before the digits: -0x1f as -1f
+                spec[k++] = 'l', spec[k++] = 'l', spec[k++] = conv, spec[k] = 0;
+                char digits[80];
+                snprintf(digits, sizeof digits, spec, (unsigned long long)(x < 0 ? -(uint64_t)x : (uint64_t)x));
+                snprintf(tmp, sizeof tmp, "%s%s", x < 0 ? "-" : "", digits);
+            } else {
+                spec[k++] = 'l', spec[k++] = 'l', spec[k++] = 'd', spec[k] = 0;
+                snprintf(tmp, sizeof tmp, spec, (long long)x);
+            }
+        } else {
+            spec[k++] = conv, spec[k] = 0;
+            snprintf(tmp, sizeof tmp, spec, fnum(v));
+        }
+        jb_puts(&b, tmp);
+    }
+    if (ok && !have_mapping_or_done(args, ai, an)) ok = fail(c, at, ST_ERR_ARG, "not all arguments converted during string formatting");
+    if (ok) {
+        *out = b.over ? jv_undef(NULL) : mkstr(c, b.p ? b.p : "", b.len);
+        ok = STR_OK(*out) || oom(c, at);
+    }
+    jb_free(&b);
+    return ok;
+}
+
 static bool arith(rctx *c, const jnode *at, int op, jval a, jval b, jval *out) {
     if (op == OP_CONCAT) {
         jbuf buf = {0};
@@ -765,7 +901,7 @@ static bool arith(rctx *c, const jnode *at, int op, jval a, jval b, jval *out) {
         return true;
     }
     if (op == OP_MOD && a.t == JV_STR)
-        return fail(c, at, ST_ERR_UNSUPPORTED, "printf-style string formatting ('%%') is not supported");
+        return percent_format(c, at, a.s, b, out);
     if (!is_num(a) || !is_num(b)) return type_error(c, at, op, a, b);
     bool ints = a.t != JV_FLOAT && b.t != JV_FLOAT;
     if (ints) {

@@ -371,6 +371,8 @@ SNIPPETS = [
     "{% if true %}{% set z = 1 %}{% endif %}{{ z }}{% set w = 1 %}{% if true %}{{ w }}{% set w = 2 %}{% endif %}{{ w }}",
     "{% for m in parts_msgs %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %};{% endfor %}",
     "{{ parts_msgs[1].content | tojson }} {{ parts_msgs[1].content is iterable }} {{ parts_msgs[1].content is string }} {{ parts_msgs[1].content[0].text }}",    "{{ \"they're bill's-friends (from) [the] {uk} <x>y a1b\tc\" | title }}|{{ \"they're bill's a1b x_y\".title() }}|{{ 'ÉCOLE école' | lower }}",
+    "{{ '%s-%05.2f|%-4s|%3d|%x|%%|%r|%e|%g' % ('a', 3.14159, 'b', 7, 255, 'q', 12345.678, 0.0001) }}",
+    "{{ '%(name)s is %(age)d' % {'name': 'ann', 'age': 41} }} {{ 'v=%s' % [1, 2] }} {{ '%.2s|%5s|%-3d|' % ('héllo', 'é', -4) }} {{ 'n=%d' % 3.9 }}",
     "{{ 'straße' | upper }} {{ 'ΑΒΓ δ' | lower }} {{ 'привет мир' | title }} {{ 'élan vital' | capitalize }} {{ 'Ñandú' | upper }} {{ 'ÀÉÎÕÜ' | lower }}",
 ]
 
