@@ -73,7 +73,7 @@ strata_status strata_session_mtp_draft(strata_session *s, int pos, const float *
 // truncated like a KV cache, so this is how speculative decoding and prompt reuse go back.
 typedef struct strata_snapshot strata_snapshot;
 strata_status strata_session_save(const strata_session *s, strata_snapshot **out);
-// snap must come from a session of the same model and context size.
+// snap must come from a session of the same model and KV cache type, with room for its position.
 strata_status strata_session_restore(strata_session *s, const strata_snapshot *snap);
 void strata_snapshot_free(strata_snapshot *snap);
 
