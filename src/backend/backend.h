@@ -91,6 +91,8 @@ typedef struct st_backend_ops {
     const char *name;
     void *(*alloc)(st_backend *b, size_t bytes);  // NULL + st_error on failure
     void (*free)(st_backend *b, void *p);
+    void (*zero)(st_backend *b, void *p, size_t bytes);
+    size_t (*mem_free)(st_backend *b);           // bytes the backend can still allocate; 0 = unknown
     // y (n, w.rows) = x (n, w.cols) · wᵀ
     void (*matmul)(st_backend *b, const st_mat *w, const float *x, int n, float *y);
     // y (n, w.cols) = rows ids[i] of w, dequantized (the embedding lookup)

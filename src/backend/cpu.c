@@ -17,6 +17,16 @@ static void cpu_free(st_backend *b, void *p) {
     st_free(p);
 }
 
+static void cpu_zero(st_backend *b, void *p, size_t bytes) {
+    (void)b;
+    memset(p, 0, bytes);
+}
+
+static size_t cpu_mem_free(st_backend *b) {
+    (void)b;
+    return st_ram_available();
+}
+
 // Scratch for quantized activations, grown when a larger batch arrives (a session reserves
 // its largest batch up front, so this does not allocate while decoding).
 static void *scratch_get(st_backend *b, size_t bytes) {
@@ -432,6 +442,8 @@ static const st_backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .zero = cpu_zero,
+    .mem_free = cpu_mem_free,
     .matmul = cpu_matmul,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,

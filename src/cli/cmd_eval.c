@@ -11,11 +11,12 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: strata eval -m FILE --tokens 1,2,3 --logits OUT.f32 [options]\n\n"
+            "usage: strata eval -m FILE (--tokens 1,2,3 | --text T) --logits OUT.f32 [options]\n\n"
             "Runs the tokens through the model from position 0 and writes every position's logits\n"
             "as little-endian float32, row-major [positions x vocabulary].\n\n"
             "  -m, --model FILE     GGUF model\n"
             "  --tokens LIST        comma-separated token ids\n"
+            "  --text T             text, tokenized with the model's tokenizer (no special tokens)\n"
             "  --logits FILE        output file\n"
             "  --batch N            rows per forward call (default 512; 1 = token by token)\n"
             "  --ctx N              context size (default: the number of tokens)\n"
@@ -67,7 +68,7 @@ static bool parse_tokens(const char *text, int32_t **out, int *n) {
 }
 
 int st_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *tokens_text = NULL, *out_path = NULL, *v;
+    const char *model = NULL, *tokens_text = NULL, *text = NULL, *out_path = NULL, *v;
     const char *hidden_path = NULL, *mtp_logits_path = NULL, *mtp_hidden_path = NULL;
     int64_t batch = 512, ctx = 0, threads = 0, rollback = -1, chain = 0;
     const char *kv = "f16";
@@ -78,6 +79,7 @@ int st_cmd_eval(int argc, char **argv) {
             return 0;
         } else if (st_cli_opt(argc, argv, &i, "-m", &model, &bad) || st_cli_opt(argc, argv, &i, "--model", &model, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--tokens", &tokens_text, &bad)) {
+        } else if (st_cli_opt(argc, argv, &i, "--text", &text, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--logits", &out_path, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--kv", &kv, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--hidden", &hidden_path, &bad)) {
@@ -90,7 +92,7 @@ int st_cmd_eval(int argc, char **argv) {
         } else if (st_cli_opt(argc, argv, &i, "--batch", &v, &bad)) {
             bad = bad || !st_cli_int("--batch", v, 1, 65536, &batch);
         } else if (st_cli_opt(argc, argv, &i, "--ctx", &v, &bad)) {
-            bad = bad || !st_cli_int("--ctx", v, 1, 1 << 24, &ctx);
+            bad = bad || !st_cli_int("--ctx", v, 1, 1 << 30, &ctx);
         } else if (st_cli_opt(argc, argv, &i, "-t", &v, &bad) || st_cli_opt(argc, argv, &i, "--threads", &v, &bad)) {
             bad = bad || !st_cli_int("--threads", v, 1, 1024, &threads);
         } else {
@@ -99,8 +101,8 @@ int st_cmd_eval(int argc, char **argv) {
         }
     }
     if (bad) return 2;
-    if (!model || !tokens_text || !out_path) {
-        fprintf(stderr, "strata eval: -m, --tokens and --logits are required (see strata eval --help)\n");
+    if (!model || !tokens_text == !text || !out_path) {
+        fprintf(stderr, "strata eval: -m, --logits and one of --tokens or --text are required (see strata eval --help)\n");
         return 2;
     }
     strata_kv_type kv_type;
@@ -110,15 +112,9 @@ int st_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "strata eval: --kv: '%s' is not a KV cache type (f16, q8_0)\n", kv);
         return 2;
     }
-    int32_t *ids;
-    int n;
-    if (!parse_tokens(tokens_text, &ids, &n)) return 2;
-    if (n == 0 || rollback > n || ((mtp_logits_path || mtp_hidden_path) && n < 2)) {
-        fprintf(stderr, "strata eval: %s\n", n == 0 ? "--tokens is empty" : rollback > n ?
-                "--rollback: the position is past the last token" : "the MTP outputs need at least 2 tokens");
-        free(ids);
-        return 2;
-    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (tokens_text && !parse_tokens(tokens_text, &ids, &n)) return 2;
     int rc = 1;
     strata_model *m = NULL;
     strata_session *s = NULL;
@@ -127,6 +123,13 @@ int st_cmd_eval(int argc, char **argv) {
     bool mtp = mtp_logits_path || mtp_hidden_path;
     strata_model_params mp = {.path = model, .n_threads = (int)threads};
     if (strata_model_open(&mp, &m)) goto fail;
+    if (text && strata_tokenize(m, text, strlen(text), false, &ids, &n)) goto fail;
+    if (n == 0 || rollback > n || (mtp && n < 2)) {
+        fprintf(stderr, "strata eval: %s\n", n == 0 ? "no tokens to evaluate" : rollback > n ?
+                "--rollback: the position is past the last token" : "the MTP outputs need at least 2 tokens");
+        rc = 2;
+        goto done;
+    }
     strata_model_info info = strata_model_get_info(m);
     strata_session_params sp = {.n_ctx = ctx ? (int)ctx : n + (int)chain, .n_batch = (int)batch, .kv_type = kv_type};
     if (strata_session_open(m, &sp, &s)) goto fail;

@@ -54,9 +54,22 @@ static void *take(st_state *s, size_t bytes, st_status *err) {
         *err = ST_ERR_NOMEM;
         return NULL;
     }
-    memset(p, 0, bytes);
+    s->b->ops->zero(s->b, p, bytes);
     s->bytes += bytes;
     return p;
+}
+
+// Bytes the KV cache and the recurrent state take for n_ctx positions.
+static size_t state_bytes(const st_model *m, const st_state_params *p) {
+    const st_hparams *hp = &m->hp;
+    size_t total = 0;
+    for (int i = 0; i < hp->n_layer + hp->n_mtp; i++) {
+        if (m->layers[i].recurrent)
+            total += sizeof(float) * ((size_t)(hp->ssm_kernel - 1) * conv_dim(hp) + (size_t)hp->ssm_h_v * hp->ssm_d * hp->ssm_d);
+        else
+            total += 2 * st_kv_row_bytes(p->kv_type, hp->n_head_kv * hp->head_dim) * (size_t)p->n_ctx;
+    }
+    return total;
 }
 
 st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out) {
@@ -64,6 +77,12 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     const st_hparams *hp = &m->hp;
     if (p->n_ctx < 1) return st_fail(ST_ERR_ARG, "context size %d: must be at least 1", p->n_ctx);
     if (p->n_batch < 1) return st_fail(ST_ERR_ARG, "batch size %d: must be at least 1", p->n_batch);
+    // Plan before allocating: with overcommit, an allocation too large for the machine would
+    // succeed and fail later, so compare with what the backend has free.
+    size_t need = state_bytes(m, p), avail = b->ops->mem_free(b);
+    if (avail && need > avail)
+        return st_fail(ST_ERR_NOMEM, "the KV cache and state for %d positions need %.1f MiB, but only %.1f MiB "
+                       "is available: lower --ctx (or use --kv q8_0)", p->n_ctx, need / 1048576.0, avail / 1048576.0);
     st_state *s = st_calloc(1, sizeof *s);
     if (!s) return ST_ERR_NOMEM;
     s->m = m;
@@ -93,11 +112,9 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
         }
     }
     if (err) {
-        size_t need = (size_t)n_total * 2 * st_kv_row_bytes(p->kv_type, kv_values) * (size_t)p->n_ctx;
         st_state_free(s);
-        return st_fail(ST_ERR_NOMEM, "cannot allocate the KV cache and state for %d positions (about %.1f MiB; "
-                       "%.1f MiB of RAM available): lower --ctx", p->n_ctx, need / 1048576.0,
-                       st_ram_available() / 1048576.0);
+        return st_fail(ST_ERR_NOMEM, "cannot allocate the KV cache and state for %d positions (%.1f MiB; "
+                       "%.1f MiB available): lower --ctx", p->n_ctx, need / 1048576.0, avail / 1048576.0);
     }
     size_t nb = (size_t)p->n_batch, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
     int heads = imax(hp->n_head * hp->head_dim, hp->ssm_h_v * hp->ssm_d);

@@ -96,3 +96,52 @@ def test_bad_inputs(tmp_path):
     r = subprocess.run([BIN, "eval", "-m", str(tmp_path / "missing.gguf"), "--tokens", "1", "--logits",
                         str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 1 and "missing.gguf" in r.stderr
+    # a context far beyond memory: a clear out-of-memory error naming the size
+    r = subprocess.run([BIN, "eval", "-m", str(path), "--tokens", "1", "--ctx", str(1 << 30), "--logits",
+                        str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 1 and "lower --ctx" in r.stderr, r.stderr
+    r = subprocess.run([BIN, "eval", "-m", str(path), "--text", "", "--logits", str(tmp_path / "x")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no tokens" in r.stderr
+
+
+def _rewrite(src, dst, arch=None, drop=None, shape=None):
+    """Copies a GGUF, changing the architecture, dropping a tensor or changing a tensor's shape."""
+    import gguf
+    rd = gguf.GGUFReader(src)
+    old_arch = rd.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch or old_arch)
+    for f in rd.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment"):
+            continue
+        vt = f.types[0]
+        name = f.name.replace(old_arch + ".", (arch or old_arch) + ".", 1)
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            w.add_key_value(name, f.contents(), vt)
+    for t in rd.tensors:
+        if t.name == drop:
+            continue
+        data = np.array(t.data)
+        if t.name == shape:
+            data = data[: data.shape[0] // 2]
+        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(arch="llama"), "architecture 'llama' is not supported"),
+    (dict(drop="blk.1.attn_k.weight"), "missing tensor 'blk.1.attn_k.weight'"),
+    (dict(shape="blk.0.ffn_gate_inp.weight"), "tensor 'blk.0.ffn_gate_inp.weight' has shape"),
+])
+def test_bad_models(tmp_path, change, msg):
+    path = synth(tmp_path, "tiny-moe", "f32", "f32", {})
+    bad = tmp_path / "bad.gguf"
+    _rewrite(path, bad, **change)
+    r = subprocess.run([BIN, "eval", "-m", str(bad), "--tokens", "1", "--logits", str(tmp_path / "x")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and msg in r.stderr, r.stderr
