@@ -122,6 +122,34 @@ static void moe_pass_worker(void *ctx, int ith, int nth) {
     }
 }
 
+// The element-wise steps between the passes, split over the pool by assignment.
+typedef struct act_job {
+    const float *x;        // (n_rows, d) inputs, with order[] and k: assignment -> row
+    const int32_t *order;
+    int k, d;
+    float *g, *u;          // (n, f) gate and up outputs
+    int f;
+    st_type type;          // quantized type of the results
+    char *q;               // (n, qs) quantized rows
+    size_t qs;
+    int n;
+} act_job;
+
+static void quantize_inputs(void *ctx, int ith, int nth) {
+    const act_job *j = ctx;
+    for (int i = ith; i < j->n; i += nth)
+        st_quantize(j->type, j->x + (size_t)(j->order[i] / j->k) * j->d, j->q + (size_t)i * j->qs, j->d);
+}
+
+static void swiglu_quantize(void *ctx, int ith, int nth) {
+    const act_job *j = ctx;
+    for (int i = ith; i < j->n; i += nth) {
+        float *g = j->g + (size_t)i * j->f, *u = j->u + (size_t)i * j->f;
+        for (int c = 0; c < j->f; c++) g[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+        st_quantize(j->type, g, j->q + (size_t)i * j->qs, j->f);
+    }
+}
+
 static void run_pass(st_pool *pool, moe_pass *p, int64_t rows) {
     // Enough chunks to keep every thread busy even when few experts are active.
     int nth = st_pool_size(pool) > 0 ? st_pool_size(pool) : 1;
@@ -193,18 +221,15 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
     for (int i = 0; i < na; i++) order[count[a->ids[i]]++] = i;
 
     // Quantize each assignment's input row in grouped order.
-    for (int i = 0; i < na; i++)
-        st_quantize(gdt, a->x + (size_t)(order[i] / k) * d, xq + (size_t)i * xs, d);
+    act_job qj = {.x = a->x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = na};
+    st_pool_run(b->pool, quantize_inputs, &qj);
 
     moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
                    .start = start, .n_active = n_active};
     run_pass(b->pool, &p1, F);
 
-    for (int i = 0; i < na; i++) {
-        float *g = hg + (size_t)i * F, *u = hu + (size_t)i * F;
-        for (int j = 0; j < F; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-        st_quantize(ddt, g, hq + (size_t)i * hs, F);
-    }
+    act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = na};
+    st_pool_run(b->pool, swiglu_quantize, &aj);
 
     moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
                    .start = start, .n_active = n_active};
