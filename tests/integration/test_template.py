@@ -191,12 +191,18 @@ TEMPLATE_FILES = ["qwen3.jinja", "qwen3-coder-v1.jinja", "qwen3-coder-v2.jinja",
 # More real templates, beyond the targets: QwQ (generation prompt opens <think>, as thinking-only
 # models do) and Hermes 3 (recursive macros over JSON Schema; it iterates `tools` even when
 # none are given, so conversations without tools fail in jinja2 and must fail here too).
-EXTRA_TEMPLATE_FILES = ["qwq-32b.jinja", "hermes-3-llama-3.1-tool-use.jinja"]
+# gpt-oss exercises whitespace control on every tag, macros returning types from JSON Schema,
+# slices of the message list and raise_exception on contradictory input.
+EXTRA_TEMPLATE_FILES = ["qwq-32b.jinja", "hermes-3-llama-3.1-tool-use.jinja", "gpt-oss-120b.jinja"]
 
 
-def for_template(template_name, msgs):
+def for_template(template_name, msgs, idx=0):
     """Qwen3-Coder's templates iterate tool-call arguments as a mapping (`|items`); given a JSON
-    string they fail in jinja2 as well. A server hands them parsed arguments, so do that here."""
+    string they fail in jinja2 as well. A server hands them parsed arguments, so do that here.
+    gpt-oss reads reasoning from `thinking`: give it there in every other conversation."""
+    if template_name.startswith("gpt-oss"):
+        return [dict(m, thinking=m["reasoning_content"]) if "reasoning_content" in m and idx % 2 else m
+                for m in msgs]
     if not template_name.startswith("qwen3-coder"):
         return msgs
     out = []
@@ -234,9 +240,14 @@ def test_conversations_byte_identical(tmp_path, template_name):
     src = path.read_text(encoding="utf-8")
     identical = both_failed = 0
     for idx, (msgs, tools, gen, options) in enumerate(CONVERSATIONS):
-        msgs = for_template(template_name, msgs)
+        msgs = for_template(template_name, msgs, idx)
         tools = tools_for_template(template_name, tools)
         kw = dict(options, **extra_vars(template_name))
+        if template_name.startswith("gpt-oss"):
+            if idx % 3:
+                kw["reasoning_effort"] = ["low", "high"][idx % 2]
+            if idx % 5 == 0:
+                kw["builtin_tools"] = ["browser", "python"]
         if template_name.startswith("llama") and idx % 4 == 0:
             kw["date_string"] = "29 Nov 2026"
         want, err = hf_render(src, msgs, tools, gen, **kw)
