@@ -16,15 +16,21 @@ from tests.reference.model import Model  # noqa: E402
 
 BIN = os.environ.get("STRATA_BIN", str(ROOT / "build" / "strata"))
 
+WIDE = {"n_embd": 256, "n_ff_exp": 256}
+WIDE_NEXT = {"n_embd": 256, "n_ff_exp": 256, "n_ff_shexp": 256}
+
 # (preset, dense type, expert type, extra synth fields, tolerance on max |diff| / max |logit|)
 CASES = [
     ("tiny-moe", "f32", "f32", {}, 2e-4),
     ("tiny-next", "f32", "f32", {}, 2e-4),
     ("tiny-next", "f32", "f32", {"legacy_ssm_in": True}, 2e-4),
-    ("tiny-moe", "q8_0", "q4_K", {}, 2e-2),
-    ("tiny-next", "q8_0", "q4_K", {}, 2e-2),
-    ("tiny-next", "f16", "q6_K", {}, 2e-2),
-    ("tiny-moe", "bf16", "iq4_xs", {}, 2e-2),
+    ("tiny-moe", "q8_0", "q8_0", {}, 2e-2),
+    # K and IQ blocks are 256 wide: widen the tiny models so the experts really use them
+    ("tiny-moe", "q8_0", "q4_K", WIDE, 2e-2),
+    ("tiny-next", "q8_0", "q4_K", WIDE_NEXT, 2e-2),
+    ("tiny-next", "f16", "q6_K", WIDE_NEXT, 2e-2),
+    ("tiny-moe", "bf16", "iq4_xs", WIDE, 2e-2),
+    ("tiny-moe", "q4_0", "q5_K", WIDE, 3e-2),
 ]
 
 
@@ -46,9 +52,12 @@ def strata_eval(model, tokens, out, *extra):
 
 
 @pytest.mark.parametrize("preset,dense,experts,extra,tol", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}{'-legacy' if c[3] else ''}" for c in CASES])
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}{'-legacy' if 'legacy_ssm_in' in c[3] else ''}" for c in CASES])
 def test_logits_match_reference(tmp_path, preset, dense, experts, extra, tol):
     path = synth(tmp_path, preset, dense, experts, extra)
+    import gguf
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_down_exps.weight"] == experts.upper(), "the synth model fell back to another type"
     ref = Model(str(path))
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, ref.hp.n_vocab, size=70).tolist()  # > one 64-row DeltaNet chunk
