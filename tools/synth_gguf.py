@@ -68,6 +68,7 @@ class Config:
     expert_type: str = "f32"
     router_type: str = "f32"
     router_skew: float = 0.0             # log-normal spread of router row scales (0: uniform traffic)
+    residual_gain: float = 1.0           # scale of attn_output / ssm_out / ffn_down* on top of 1/sqrt(2L)
     vocab: str = "byte"                  # "byte" | "qwen3"
     byte_merges: int = 100
     seed: int = 0
@@ -277,7 +278,10 @@ def _norm_values(cfg: Config, key: str, n: int) -> np.ndarray:
 def plan(cfg: Config, notes: list[str]) -> list[TensorSpec]:
     H, V = cfg.n_embd, cfg.n_vocab
     dense, experts, router_t = parse_type(cfg.dense_type), parse_type(cfg.expert_type), parse_type(cfg.router_type)
-    res = 1.0 / math.sqrt(2 * max(cfg.n_layer, 1))     # residual-branch output scale (GPT-2 style)
+    # Residual-branch output scale, GPT-2 style 1/sqrt(2L). Attention averaging, SwiGLU and the top-k mix
+    # shrink a branch to ~half, so at gain 1 the embedding dominates the residual stream (RMS 1.0 -> 1.1
+    # over 48 layers); gain 2 makes all branches together add about as much as the embedding.
+    res = cfg.residual_gain / math.sqrt(2 * max(cfg.n_layer, 1))
     specs: list[TensorSpec] = []
 
     def mat(name, ne0, ne1, qt, std, n_slabs=1, row_scale=None):
@@ -592,6 +596,7 @@ FLAG_FIELDS = {  # flag -> Config field (ints/floats/strings are parsed by the f
     "--ssm-conv": "ssm_conv", "--ssm-d-k": "ssm_d_k", "--ssm-n-k": "ssm_n_k", "--ssm-n-v": "ssm_n_v",
     "--ssm-d-v": "ssm_d_v", "--interval": "interval", "--dense-type": "dense_type",
     "--expert-type": "expert_type", "--router-type": "router_type", "--router-skew": "router_skew",
+    "--residual-gain": "residual_gain",
     "--vocab": "vocab", "--byte-merges": "byte_merges", "--seed": "seed", "--arch": "arch", "--name": "name",
 }
 

@@ -321,3 +321,17 @@ def test_mtp_counted_in_block_count(tmp_path):
     l2, h2 = m2.forward(toks, c2, return_hidden=True)
     assert np.array_equal(l1, l2)
     assert np.array_equal(m1.mtp(h1, toks, c1)[0], m2.mtp(h2, toks, c2)[0])
+
+
+def test_residual_gain_scales_branch_outputs_only(tmp_path):
+    base = cfg_of("tiny-next", n_layer=4, mtp=True)
+    a, _ = synth(tmp_path, base, "g1")
+    b, _ = synth(tmp_path, dataclasses.replace(base, residual_gain=2.0), "g2")
+    ta = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(a).tensors}
+    tb = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(b).tensors}
+    scaled = ("attn_output.weight", "ssm_out.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
+    for name in ta:
+        if name.endswith(scaled):
+            np.testing.assert_allclose(tb[name], 2 * ta[name], rtol=1e-6)
+        else:
+            assert np.array_equal(ta[name], tb[name]), name
