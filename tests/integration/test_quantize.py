@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import gguf
 import pytest
 from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
@@ -231,3 +232,33 @@ def test_bad_arguments(model, tmp_path):
     assert not out.exists()
     r = run("quantize", "--help")
     assert "--experts" in r.stdout and "iq4_xs" in r.stdout
+
+
+def test_split_input_becomes_one_file(tmp_path):
+    """A model split in shards is read as one and written as one file, without split.* keys."""
+    rng = np.random.default_rng(3)
+    w = gguf.GGUFWriter(str(tmp_path / "split.gguf"), "qwen3moe", split_max_tensors=2)
+    w.add_uint32("qwen3moe.block_count", 5)
+    arrays = {}
+    for i in range(5):
+        arrays[f"blk.{i}.attn_q.weight"] = rng.standard_normal((4, 64)).astype(np.float32)
+        w.add_tensor(f"blk.{i}.attn_q.weight", arrays[f"blk.{i}.attn_q.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shards = sorted(tmp_path.glob("split-*-of-00003.gguf"))
+    assert len(shards) == 3
+    out = tmp_path / "one.gguf"
+    run("quantize", shards[1], out, "--type", "q8_0")
+    r = GGUFReader(out)
+    assert not [k for k in r.fields if k.startswith("split.")]
+    got = {t.name: t for t in r.tensors}
+    assert list(got) == list(arrays)
+    for name, a in arrays.items():
+        assert got[name].tensor_type == T.Q8_0
+        assert np.array_equal(np.asarray(got[name].data).view(np.uint8).reshape(-1),
+                              quants.quantize(a, T.Q8_0).view(np.uint8).reshape(-1)), name
+    # Any shard counts as the input.
+    r = run("quantize", shards[0], shards[2], "--type", "q8_0", ok=False)
+    assert r.returncode == 2 and "is the input file" in r.stderr
