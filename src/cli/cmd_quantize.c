@@ -2,6 +2,7 @@
 // weight matrices in another type. Tensors stream from the mapped input through the pool's
 // threads into the writer a chunk of rows at a time, so a model larger than RAM works.
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,7 @@ int st_cmd_quantize(int argc, char **argv) {
     int64_t n = st_gguf_tensor_count(in);
     plan *plans = st_calloc(n ? (size_t)n : 1, sizeof *plans);
     st_gguf_writer *w = st_gguf_writer_create();
+    char *part = NULL;
     job j = {.in = in, .plans = plans, .n_tensors = n, .tty = isatty(2)};
     if (!plans || !w) {
         s = ST_ERR_NOMEM;
@@ -362,8 +364,21 @@ int st_cmd_quantize(int argc, char **argv) {
         s = ST_ERR_NOMEM;
         goto done;
     }
+    // Written beside the output and renamed at the end, so a failed or interrupted run never
+    // leaves a truncated OUT (or destroys a good one).
+    size_t plen = strlen(out_path) + sizeof ".part";
+    part = st_alloc(plen);
+    if (!part) {
+        s = ST_ERR_NOMEM;
+        goto done;
+    }
+    snprintf(part, plen, "%s.part", out_path);
     j.t0 = j.last_print = st_time_s();
-    s = st_gguf_writer_write(w, out_path);
+    s = st_gguf_writer_write(w, part);
+    if (s == ST_OK && rename(part, out_path) != 0) {
+        s = st_fail(ST_ERR_IO, "%s: cannot rename to %s: %s", part, out_path, strerror(errno));
+        unlink(part);
+    }
     if (s == ST_OK) {
         double dt = st_time_s() - j.t0;
         struct stat so;
@@ -376,6 +391,7 @@ int st_cmd_quantize(int argc, char **argv) {
 
 done:
     if (j.tty && s != ST_OK) fputc('\n', stderr);
+    st_free(part);
     st_free(j.f32);
     st_free(j.out);
     st_pool_free(j.pool);

@@ -169,6 +169,7 @@ def test_deterministic_across_threads(model, tmp_path):
     run("quantize", model, a, "--type", "q4_K", "-t", "1")
     run("quantize", model, b, "--type", "q4_K", "-t", "3")
     assert a.read_bytes() == b.read_bytes()
+    assert not list(tmp_path.glob("*.part"))  # written as OUT.part, then renamed
 
 
 def test_fallback_when_rows_do_not_fit(tmp_path):
