@@ -46,8 +46,7 @@ def hf_plain(tmp_path_factory):
     return t
 
 
-@pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory):
+def write_gguf(path, pre):
     """A GGUF holding only the tokenizer, written the way llama.cpp's converter writes Qwen3."""
     gguf = pytest.importorskip("gguf")
     j = json.loads(TOKJSON.read_text(encoding="utf-8"))
@@ -69,10 +68,9 @@ def gguf_path(tmp_path_factory):
             tokens.append(f"[PAD{i}]")
             types.append(5)
     merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
-    p = tmp_path_factory.mktemp("gguf") / "qwen3-tokenizer.gguf"
-    w = gguf.GGUFWriter(str(p), "qwen3moe")
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -84,7 +82,12 @@ def gguf_path(tmp_path_factory):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return p
+    return path
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "qwen3-tokenizer.gguf", "qwen2")
 
 
 def strata(*args, input=None, check=True):
@@ -246,6 +249,18 @@ def random_codepoints(n, seed):
     return out
 
 
+def all_codepoints():
+    """Every BMP scalar value and every 7th supplementary one, shuffled into 64-character texts
+    with letters, digits, spaces and punctuation around them: HF's Unicode classes everywhere."""
+    cps = [c for c in range(0x20, 0x10000) if not 0xD800 <= c <= 0xDFFF]
+    cps += list(range(0x10000, 0x110000, 7))
+    rnd = random.Random(17)
+    rnd.shuffle(cps)
+    glue = ["a", "1", " ", "  ", "'", ".", "\n", "x y"]
+    return ["".join(chr(c) + (rnd.choice(glue) if rnd.random() < 0.3 else "")
+                    for c in cps[i:i + 64]) for i in range(0, len(cps), 64)]
+
+
 def nfc_texts():
     """Inputs that NFC changes: decomposed letters, singletons, reordering, Hangul jamo."""
     base = ["e\u0301", "A\u030a", "\u212b", "\u2126", "a\u0323\u0301", "a\u0301\u0323",
@@ -293,6 +308,7 @@ def build_corpus():
     texts += nfc_texts()
     texts += random_texts(1500, seed=1)
     texts += random_codepoints(800, seed=2)
+    texts += all_codepoints()
     texts += system_files(3_000_000, seed=3)
     return texts
 
@@ -338,6 +354,33 @@ def test_parity_gguf(corpus, hf, hf_plain, gguf_path):
         compare(corpus, got, ref, f"GGUF, special parsing {'on' if special else 'off'}")
 
 
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "gpt-2"])
+def test_parity_other_pretokenizers(corpus, tmp_path, pre):
+    """The Llama 3 and GPT-2 pre-tokenizers (no NFC; Llama 3 with ignore_merges), on the Qwen3
+    vocabulary: HF from a tokenizer.json rewritten that way, Strata from that file and from a
+    GGUF with tokenizer.ggml.pre set."""
+    j = json.loads(TOKJSON.read_text(encoding="utf-8"))
+    j["normalizer"] = None
+    if pre == "llama-bpe":
+        j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = LLAMA3_REGEX
+        j["model"]["ignore_merges"] = True
+    else:
+        j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False,
+                              "trim_offsets": True, "use_regex": True}
+    p = tmp_path / "tokenizer.json"
+    p.write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
+    ref_tok = tokenizers.Tokenizer.from_file(str(p))
+    texts = corpus[:2500]
+    ref = [e.ids for e in ref_tok.encode_batch(texts, add_special_tokens=False)]
+    compare(texts, strata_batch(texts, True, ["--tokenizer-json", str(p)]), ref, pre + " json")
+    g = write_gguf(tmp_path / "t.gguf", pre)
+    compare(texts, strata_batch(texts, True, ["-m", str(g)]), ref, pre + " gguf")
+
+
 def test_one_megabyte_line(hf, tmp_path):
     rnd = random.Random(5)
     words = (PROSE["en"] + " " + PROSE["zh"] + " " + PROSE["ru"]).split()
@@ -378,6 +421,13 @@ def test_roundtrip(corpus, hf):
                    input=" ".join(map(str, joined)).encode())
         assert r.stdout == "".join(texts).encode()
         assert r.stdout.decode() == hf.decode(joined, skip_special_tokens=False)
+    # Text that is not NFC comes back normalized, as from HF.
+    texts = [t for t in nfc_texts() if not unicodedata.is_normalized("NFC", t)]
+    ids = strata_batch(texts, False, ["--tokenizer-json", str(TOKJSON)])
+    joined = [x for i in ids for x in i]
+    r = strata("detokenize", "--tokenizer-json", str(TOKJSON), "-",
+               input=" ".join(map(str, joined)).encode())
+    assert r.stdout.decode() == "".join(unicodedata.normalize("NFC", t) for t in texts)
 
 
 def test_detokenize_matches_hf_lossy(hf):
