@@ -1303,6 +1303,174 @@ static bool need_str(rctx *c, const jnode *at, jval v, const char *what) {
     return fail(c, at, ST_ERR_ARG, "%s must be str, not %s", what, jv_type_name(v));
 }
 
+// Applies a format spec ([[fill]align][sign][0][width][,][.precision][type]) to one value, as
+// Python's format() does for str, int and float.
+static bool format_one(rctx *c, const jnode *at, jval v, const char *spec, size_t sl, jbuf *b) {
+    char fill = ' ', align = 0, sign = 0, type = 0;
+    int width = 0, prec = -1;
+    bool comma = false, zero = false;
+    size_t i = 0;
+    if (sl >= 2 && strchr("<>^=", spec[1])) fill = spec[0], align = spec[1], i = 2;
+    else if (sl >= 1 && strchr("<>^=", spec[0])) align = spec[0], i = 1;
+    if (i < sl && strchr("+- ", spec[i])) sign = spec[i++];
+    if (i < sl && spec[i] == '0') zero = true, i++;
+    while (i < sl && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + (spec[i++] - '0');
+    if (i < sl && spec[i] == ',') comma = true, i++;
+    if (i < sl && spec[i] == '.') {
+        prec = 0, i++;
+        while (i < sl && spec[i] >= '0' && spec[i] <= '9') prec = prec * 10 + (spec[i++] - '0');
+    }
+    if (i < sl) type = spec[i++];
+    if (i != sl || width > 1000 || prec > 100 || comma)
+        return fail(c, at, ST_ERR_UNSUPPORTED, "format spec '%.*s' is not supported", (int)sl, spec);
+    jbuf t = {0};
+    char tmp[256];
+    if (v.t == JV_STR || (!type && !is_num(v)) || type == 's') {
+        if (type && type != 's') {
+            jb_free(&t);
+            return fail(c, at, ST_ERR_ARG, "unknown format code '%c' for object of type '%s'", type, jv_type_name(v));
+        }
+        jv_write_str(&t, v);
+        if (prec >= 0 && (size_t)prec < utf8_count(t.p ? t.p : "", t.len)) {
+            size_t q = 0;
+            for (int m = 0; m < prec; m++) utf8_next(t.p, t.len, &q);
+            t.len = q;
+        }
+        if (!align) align = '<';
+    } else {
+        if (!is_num(v)) return fail(c, at, ST_ERR_ARG, "format code '%c' needs a number, not %s", type, jv_type_name(v));
+        char f[32];
+        int k = 0;
+        f[k++] = '%';
+        if (sign == '+' || sign == ' ') f[k++] = sign;
+        bool is_int = v.t != JV_FLOAT;
+        if (!type) type = is_int ? 'd' : (prec >= 0 ? 'g' : 'r');
+        if (type == 'r') { // a float without a type prints as repr()
+            jv_write_float(&t, v.f);
+        } else if (strchr("dxXob", type)) {
+            if (!is_int) return fail(c, at, ST_ERR_ARG, "unknown format code '%c' for object of type 'float'", type);
+            if (type == 'b') return fail(c, at, ST_ERR_UNSUPPORTED, "format code 'b' is not supported");
+            int64_t x = inum(v);
+            f[k++] = 'l', f[k++] = 'l', f[k++] = 'd', f[k] = 0;
+            if (type == 'd') snprintf(tmp, sizeof tmp, f, (long long)x);
+            else { // the sign goes before the digits of the magnitude, as Python prints -ff
+                unsigned long long mag = x < 0 ? -(uint64_t)x : (uint64_t)x;
+                char d[80];
+                snprintf(d, sizeof d, type == 'x' ? "%llx" : type == 'X' ? "%llX" : "%llo", mag);
+                snprintf(tmp, sizeof tmp, "%s%s", x < 0 ? "-" : (sign == '+' ? "+" : sign == ' ' ? " " : ""), d);
+            }
+            jb_puts(&t, tmp);
+        } else if (strchr("fFeEgG%", type)) {
+            double x = fnum(v);
+            if (type == '%') x *= 100.0;
+            k += snprintf(f + k, sizeof f - (size_t)k, ".%d%c", prec >= 0 ? prec : 6, type == '%' ? 'f' : type);
+            snprintf(tmp, sizeof tmp, f, x);
+            jb_puts(&t, tmp);
+            if (type == '%') jb_puts(&t, "%");
+        } else {
+            return fail(c, at, ST_ERR_ARG, "unknown format code '%c'", type);
+        }
+        if (!align) align = zero ? '=' : '>';
+        if (zero && fill == ' ') fill = '0';
+    }
+    const char *txt = t.p ? t.p : "";
+    size_t n = utf8_count(txt, t.len);
+    size_t pad = width > 0 && (size_t)width > n ? (size_t)width - n : 0;
+    size_t lpad = align == '>' ? pad : align == '^' ? pad / 2 : 0, rpad = pad - (align == '=' ? pad : lpad);
+    size_t pre = 0;
+    if (align == '=' && t.len && strchr("+- ", txt[0])) pre = 1; // padding goes after the sign
+    jb_put(b, txt, pre);
+    for (size_t q = 0; q < lpad + (align == '=' ? pad : 0); q++) jb_put(b, &fill, 1);
+    jb_put(b, txt + pre, t.len - pre);
+    for (size_t q = 0; q < rpad; q++) jb_put(b, &fill, 1);
+    jb_free(&t);
+    return true;
+}
+
+// str.format: {} / {0} / {name} fields with optional !s / !r and a format spec; {{ and }}.
+static bool str_format(rctx *c, const jnode *at, const jstr *s, jval *args, jstr **kw, int nargs, jval *out) {
+    jbuf b = {0};
+    b.max = c->a->cap;
+    int autoi = 0;
+    bool ok = true;
+    for (size_t i = 0; i < s->len && ok;) {
+        char ch = s->s[i];
+        if (ch == '}' ) {
+            if (i + 1 < s->len && s->s[i + 1] == '}') {
+                jb_put(&b, "}", 1), i += 2;
+                continue;
+            }
+            ok = fail(c, at, ST_ERR_ARG, "Single '}' encountered in format string");
+            break;
+        }
+        if (ch != '{') {
+            jb_put(&b, &ch, 1), i++;
+            continue;
+        }
+        if (i + 1 < s->len && s->s[i + 1] == '{') {
+            jb_put(&b, "{", 1), i += 2;
+            continue;
+        }
+        const char *close = memchr(s->s + i, '}', s->len - i);
+        if (!close) {
+            ok = fail(c, at, ST_ERR_ARG, "Single '{' encountered in format string");
+            break;
+        }
+        const char *f0 = s->s + i + 1, *fe = close;
+        const char *colon = memchr(f0, ':', (size_t)(fe - f0));
+        const char *bang = memchr(f0, '!', (size_t)((colon ? colon : fe) - f0));
+        const char *ne = bang ? bang : colon ? colon : fe;
+        jval v = jv_undef(NULL);
+        if (ne == f0) {
+            if (autoi >= npos(kw, nargs)) {
+                ok = fail(c, at, ST_ERR_ARG, "Replacement index %d out of range for positional args tuple", autoi);
+                break;
+            }
+            v = arg(args, kw, nargs, autoi++, NULL, jv_undef(NULL));
+        } else if (*f0 >= '0' && *f0 <= '9') {
+            int idx = atoi(f0);
+            if (idx >= npos(kw, nargs)) {
+                ok = fail(c, at, ST_ERR_ARG, "Replacement index %d out of range for positional args tuple", idx);
+                break;
+            }
+            v = arg(args, kw, nargs, idx, NULL, jv_undef(NULL));
+        } else {
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)(ne - f0), f0);
+            bool found = false;
+            for (int k = 0; k < nargs; k++)
+                if (kw && kw[k] && !strcmp(kw[k]->s, name)) v = args[k], found = true;
+            if (!found) {
+                ok = fail(c, at, ST_ERR_ARG, "KeyError: '%s'", name);
+                break;
+            }
+        }
+        if (bang) {
+            char conv = bang + 1 < fe ? bang[1] : 0;
+            if (conv == 'r' || conv == 'a') {
+                jbuf r = {0};
+                jv_write_repr(&r, v);
+                v = mkstr(c, r.p ? r.p : "", r.len);
+                jb_free(&r);
+                if (!STR_OK(v)) return oom(c, at);
+            } else if (conv == 's') {
+                if (!to_str(c, at, v, &v)) return false;
+            } else {
+                ok = fail(c, at, ST_ERR_ARG, "Unknown conversion specifier %c", conv ? conv : '?');
+                break;
+            }
+        }
+        ok = format_one(c, at, v, colon ? colon + 1 : fe, colon ? (size_t)(fe - colon - 1) : 0, &b);
+        i = (size_t)(close - s->s) + 1;
+    }
+    if (ok) {
+        *out = b.over ? jv_undef(NULL) : mkstr(c, b.p ? b.p : "", b.len);
+        ok = STR_OK(*out) || oom(c, at);
+    }
+    jb_free(&b);
+    return ok;
+}
+
 static bool call_method(rctx *c, const jnode *at, const jfunc *fn, jval *args, jstr **kw, int nargs,
                         jval *out) {
     jval self = fn->self;
@@ -1484,7 +1652,7 @@ static bool call_method(rctx *c, const jnode *at, const jfunc *fn, jval *args, j
         return true;
     }
     case M_FORMAT:
-        return fail(c, at, ST_ERR_UNSUPPORTED, "str.format is not supported");
+        return str_format(c, at, s, args, kw, nargs, out);
     default:
         return fail(c, at, ST_ERR_UNSUPPORTED, "method '%s' is not supported", fn->name);
     }

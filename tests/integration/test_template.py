@@ -384,6 +384,7 @@ SNIPPETS = [
     "{{ parts_msgs[1].content | tojson }} {{ parts_msgs[1].content is iterable }} {{ parts_msgs[1].content is string }} {{ parts_msgs[1].content[0].text }}",    "{{ \"they're bill's-friends (from) [the] {uk} <x>y a1b\tc\" | title }}|{{ \"they're bill's a1b x_y\".title() }}|{{ 'ÉCOLE école' | lower }}",
     "{{ '%s-%05.2f|%-4s|%3d|%x|%%|%r|%e|%g' % ('a', 3.14159, 'b', 7, 255, 'q', 12345.678, 0.0001) }}",
     "{{ '%(name)s is %(age)d' % {'name': 'ann', 'age': 41} }} {{ 'v=%s' % [1, 2] }} {{ '%.2s|%5s|%-3d|' % ('héllo', 'é', -4) }} {{ 'n=%d' % 3.9 }}",
+    "{{ '{} and {}'.format('a', 1) }}|{{ '{1}{0}{{x}}'.format('a', 'b') }}|{{ '{name}={v!r}'.format(name='k', v='q') }}|{{ '{:>6}|{:<4}|{:^7}|{:08.3f}|{:+d}|{:x}|{:X}|{:o}|{:.2%}|{:e}'.format('r', 'l', 'mid', 3.14159, 5, -255, 255, 8, 0.4567, 1234.5) }}|{{ '{}'.format(1.5) }}|{{ '{:*^9}'.format('é') }}|{{ '{:.3}'.format('abcdef') }}",
     "{{ 'straße' | upper }} {{ 'ΑΒΓ δ' | lower }} {{ 'привет мир' | title }} {{ 'élan vital' | capitalize }} {{ 'Ñandú' | upper }} {{ 'ÀÉÎÕÜ' | lower }}",
 ]
 
