@@ -759,23 +759,32 @@ AI float load1(const int kind, const void *p, int64_t i) {
 
 AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                    const void *x, size_t xs) {
-    __m256 acc[4][2];
-    #pragma GCC unroll 8
-    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    // FMA latency: one row needs 4 independent accumulators to keep both FMA units busy; with
+    // several rows the rows themselves are independent, and registers run short.
+    enum { NA = 4 };
+    const int na = NR == 1 ? 4 : 2;
+    __m256 acc[4][NA];
+    #pragma GCC unroll 16
+    for (int r = 0; r < 4; r++)
+        for (int a = 0; a < NA; a++) acc[r][a] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 w0 = load8(kind, w, i), w1 = load8(kind, w, i + 8);
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const void *y = (const uint8_t *)x + (size_t)r * xs;
-            acc[r][0] = _mm256_fmadd_ps(w0, load8(kind, y, i), acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(w1, load8(kind, y, i + 8), acc[r][1]);
+    for (; i + 8 * na <= n; i += 8 * na) {
+        #pragma GCC unroll 4
+        for (int a = 0; a < na; a++) {
+            __m256 wv = load8(kind, w, i + 8 * a);
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                const void *y = (const uint8_t *)x + (size_t)r * xs;
+                acc[r][a] = _mm256_fmadd_ps(wv, load8(kind, y, i + 8 * a), acc[r][a]);
+            }
         }
     }
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         const void *y = (const uint8_t *)x + (size_t)r * xs;
-        float t = hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1]));
+        __m256 t8 = _mm256_add_ps(acc[r][0], acc[r][1]);
+        if (na == 4) t8 = _mm256_add_ps(t8, _mm256_add_ps(acc[r][2], acc[r][3]));
+        float t = hsum_ps(t8);
         for (int64_t k = i; k < n; k++) t += load1(kind, w, k) * load1(kind, y, k);
         s[r] = t;
     }
