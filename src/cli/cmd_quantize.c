@@ -37,7 +37,10 @@ static void quantize_usage(FILE *f) {
     fprintf(f, "\n"
                "  Kept as they are: 1-D tensors (norms, biases, ssm_a, ssm_dt), ssm_conv1d, the router\n"
                "  (ffn_gate_inp) and the shared-expert gate (ffn_gate_inp_shexp). A matrix whose rows\n"
-               "  do not fit TYPE's block size gets the nearest type that fits (said once per tensor).\n");
+               "  do not fit TYPE's block size gets the nearest type that fits (said once per tensor).\n"
+               "  Metadata are copied; general.file_type follows the type of most weights. Inputs\n"
+               "  may be f32, f16, bf16 or quantized (decoded first). The file is written as\n"
+               "  OUT.part and renamed when complete.\n");
 }
 
 static bool parse_type(const char *flag, const char *text, st_type *out) {
@@ -136,9 +139,11 @@ typedef struct job {
     int64_t n_tensors;
     st_pool *pool;
     int n_threads;
+    // One chunk of rows: `cap` bytes each, at least one row of the longest ne0 as f32. No output
+    // type takes more than 4 bytes an element, so the output buffer holds whatever fits the input.
     float *f32;   // (chunk rows, ne0) dequantized input, when the source is not aligned f32
     uint8_t *out; // (chunk rows, output row bytes)
-    size_t f32_cap, out_cap;
+    size_t cap;
     double t0, last_print;
     uint64_t in_done; // input bytes converted so far
     bool tty;
@@ -197,10 +202,7 @@ static st_status fill(void *ctx, int64_t index, st_gguf_put_fn put, void *sink) 
         return ST_OK;
     }
     size_t src_row = st_row_bytes(t->type, p->ne0), dst_row = st_row_bytes(p->out, p->ne0);
-    int64_t chunk = (int64_t)(j->out_cap / dst_row);
-    if ((int64_t)(j->f32_cap / ((size_t)p->ne0 * sizeof(float))) < chunk)
-        chunk =
-            (int64_t)(j->f32_cap / ((size_t)p->ne0 * sizeof(float))); // the dequantized input must fit too
+    int64_t chunk = (int64_t)(j->cap / ((size_t)p->ne0 * sizeof(float)));
     ST_ASSERT(chunk >= 1);
     for (int64_t r = 0; r < p->rows; r += chunk) {
         j->row0 = r;
@@ -215,7 +217,7 @@ static st_status fill(void *ctx, int64_t index, st_gguf_put_fn put, void *sink) 
 
 // ---------------------------------------------------------------------------------------------
 
-// True when a and b name the same file (or a is one of b's shards).
+// True when `out` is the input file or one of its shards (by device and inode: links count).
 static bool same_file(const char *out, const st_gguf *in) {
     struct stat so;
     if (stat(out, &so) != 0) return false;
@@ -354,12 +356,10 @@ int st_cmd_quantize(int argc, char **argv) {
         s = st_fail(ST_ERR_NOMEM, "cannot start %d threads", j.n_threads);
         goto done;
     }
-    // One chunk: CHUNK_BYTES of f32 rows, at least one row.
-    j.f32_cap = (size_t)max_ne0 * sizeof(float);
-    if (j.f32_cap < CHUNK_BYTES) j.f32_cap = CHUNK_BYTES / j.f32_cap * j.f32_cap;
-    j.out_cap = j.f32_cap; // no output type takes more than 4 bytes an element
-    j.f32 = st_alloc(j.f32_cap);
-    j.out = st_alloc(j.out_cap);
+    j.cap = (size_t)max_ne0 * sizeof(float);
+    if (j.cap < CHUNK_BYTES) j.cap = CHUNK_BYTES / j.cap * j.cap;
+    j.f32 = st_alloc(j.cap);
+    j.out = st_alloc(j.cap);
     if (!j.f32 || !j.out) {
         s = ST_ERR_NOMEM;
         goto done;
