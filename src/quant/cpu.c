@@ -112,6 +112,7 @@ static const st_quant_kernels *kernels_now(void) {
 
 float st_vec_dot(st_type type, int64_t n, const void *w, const void *x) {
     ST_ASSERT((unsigned)type < ST_TYPE_COUNT);
+    ST_ASSERT(st_type_get(type) && n % st_type_get(type)->block == 0); // kernels drop a remainder
     st_dot_fn fn = kernels_now()->dot[type];
     ST_ASSERT(fn != NULL);
     float s;
@@ -206,6 +207,7 @@ void st_matmul(st_pool *pool, const st_matmul_args *args) {
     ST_ASSERT((unsigned)args->type < ST_TYPE_COUNT);
     ST_ASSERT(args->nx >= 1 && args->rows >= 0 && args->n >= 0);
     ST_ASSERT(args->nx == 1 || args->ldy >= args->rows);
+    ST_ASSERT(st_type_get(args->type) && args->n % st_type_get(args->type)->block == 0);
     const st_quant_kernels *k = kernels_now();
     mm_ctx c = {.job = {
                     .a = *args,
