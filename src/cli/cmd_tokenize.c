@@ -22,13 +22,13 @@ st_status st_cli_load_tokenizer(const char *gguf_path, const char *json_path, st
     return st;
 }
 
-// Reads all of stdin (binary-safe).
+// Reads all of stdin (binary-safe; NUL-terminated after the *size bytes).
 static st_status read_stdin(char **data, size_t *size) {
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     if (!buf) return st_fail(ST_ERR_NOMEM, "stdin: out of memory");
     for (;;) {
-        if (n == cap) {
+        if (n + 1 >= cap) { // room for the terminating NUL the id parser relies on
             char *p = realloc(buf, cap * 2);
             if (!p) {
                 free(buf);
@@ -44,6 +44,7 @@ static st_status read_stdin(char **data, size_t *size) {
         free(buf);
         return st_fail(ST_ERR_IO, "stdin: read error");
     }
+    buf[n] = 0;
     *data = buf;
     *size = n;
     return ST_OK;
