@@ -38,11 +38,6 @@ AI __m256i mul_sum_us8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-// s8 x s8 through the sign trick: |a| * (b * sign(a)).
-AI __m256i mul_sum_ss8(__m256i a, __m256i b) {
-    return mul_sum_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-}
-
 // 16 packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
 AI __m256i nibbles_32(const uint8_t *qs) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
