@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Validate tests/reference against Hugging Face transformers on tiny random models.
 
-Builds Qwen3MoeForCausalLM / Qwen3NextForCausalLM with random weights, converts them to GGUF with this
-file's own writer (REFERENCE.md §2: names, ne order, +1 norms, -exp(A_log), qkvz split, ...), runs the
+Builds Qwen3MoeForCausalLM / Qwen3NextForCausalLM with random weights, converts them to GGUF with
+tools/convert_hf.py (REFERENCE.md §2: names, ne order, +1 norms, -exp(A_log), qkvz split, ...), runs the
 numpy reference on the GGUF and compares logits with transformers (prompt and step-by-step with cache).
 The Qwen3-Next MTP step (not in transformers) is checked against a composite built from transformers'
 own modules (Qwen3NextRMSNorm, Qwen3NextDecoderLayer) wired as vLLM wires it.
@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 from tests.reference.model import Model  # noqa: E402
-import synth_gguf  # noqa: E402  (only for its byte-level tokenizer block)
+import convert_hf  # noqa: E402
+import train_tiny  # noqa: E402  (its tokenizer trainer gives the checkpoints a real tokenizer.json)
 
 VOCAB = 400
+TOKENIZER_TEXT = "def f(x):\n    return x + 1\n\nfor i in range(3):\n    print(f(i))\n" * 8
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -102,121 +104,22 @@ def reinit(module: torch.nn.Module, zero_centred: bool, n_layer: int, seed: int)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Our own HF -> GGUF writer (REFERENCE.md §1.2, §2)
-
-
-def _np(t):
-    return t.detach().to(torch.float32).cpu().numpy()
+# HF -> GGUF through tools/convert_hf.py (the project's converter; REFERENCE.md §1.2, §2)
 
 
 def convert(sd: dict, cfg, arch: str, path: Path, legacy_ssm_in=False, mtp: dict | None = None):
-    """sd: transformers state_dict (in-memory names; experts fused). mtp: HF mtp.* tensors without prefix."""
-    H, L = cfg.hidden_size, cfg.num_hidden_layers
-    nxt = arch == "qwen3next"
-    out: dict[str, np.ndarray] = {}
-    norm = (lambda t: _np(t) + 1) if nxt else _np    # the converter adds 1 to zero-centred norms
-
-    out["token_embd.weight"] = _np(sd["model.embed_tokens.weight"])
-    out["output_norm.weight"] = norm(sd["model.norm.weight"])
-    out["output.weight"] = _np(sd["lm_head.weight"])
-
-    def layer(src: str, il: int, full_attn: bool):
-        d = f"blk.{il}."
-        out[d + "attn_norm.weight"] = norm(sd[src + "input_layernorm.weight"])
-        out[d + ("post_attention_norm.weight" if nxt else "ffn_norm.weight")] = \
-            norm(sd[src + "post_attention_layernorm.weight"])
-        if full_attn:
-            a = src + "self_attn."
-            for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
-                           ("o_proj", "attn_output")):
-                out[d + gg + ".weight"] = _np(sd[a + hf + ".weight"])
-            out[d + "attn_q_norm.weight"] = norm(sd[a + "q_norm.weight"])
-            out[d + "attn_k_norm.weight"] = norm(sd[a + "k_norm.weight"])
-        else:
-            la = src + "linear_attn."
-            qkvz = _np(sd[la + "in_proj_qkvz.weight"])                     # [rows grouped per key head, H]
-            if legacy_ssm_in:
-                out[d + "ssm_in.weight"] = qkvz
-            else:
-                nk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-                r = cfg.linear_num_value_heads // nk
-                grp = qkvz.reshape(nk, 2 * dk + 2 * r * dv, H)
-                q, k = grp[:, :dk], grp[:, dk:2 * dk]
-                v, z = grp[:, 2 * dk:2 * dk + r * dv], grp[:, 2 * dk + r * dv:]
-                out[d + "attn_qkv.weight"] = np.concatenate([q.reshape(-1, H), k.reshape(-1, H), v.reshape(-1, H)])
-                out[d + "attn_gate.weight"] = z.reshape(-1, H)
-            out[d + "ssm_ba.weight"] = _np(sd[la + "in_proj_ba.weight"])
-            out[d + "ssm_conv1d.weight"] = _np(sd[la + "conv1d.weight"]).squeeze(1)   # [conv_dim, K]
-            out[d + "ssm_dt.bias"] = _np(sd[la + "dt_bias"])
-            out[d + "ssm_a"] = -np.exp(_np(sd[la + "A_log"]))
-            out[d + "ssm_norm.weight"] = _np(sd[la + "norm.weight"])                   # not +1
-            out[d + "ssm_out.weight"] = _np(sd[la + "out_proj.weight"])
-        m = src + "mlp."
-        out[d + "ffn_gate_inp.weight"] = _np(sd[m + "gate.weight"])
-        gu = _np(sd[m + "experts.gate_up_proj"])                                       # [E, 2F, H]
-        F = gu.shape[1] // 2
-        out[d + "ffn_gate_exps.weight"] = np.ascontiguousarray(gu[:, :F])
-        out[d + "ffn_up_exps.weight"] = np.ascontiguousarray(gu[:, F:])
-        out[d + "ffn_down_exps.weight"] = _np(sd[m + "experts.down_proj"])             # [E, H, F]
-        if nxt:
-            out[d + "ffn_gate_inp_shexp.weight"] = _np(sd[m + "shared_expert_gate.weight"])   # [1, H]
-            for hf, gg in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"),
-                           ("down_proj", "ffn_down_shexp")):
-                out[d + gg + ".weight"] = _np(sd[m + "shared_expert." + hf + ".weight"])
-
-    for il in range(L):
-        full = (not nxt) or cfg.layer_types[il] == "full_attention"
-        layer(f"model.layers.{il}.", il, full)
-    if mtp is not None:                  # REFERENCE §2.4
-        msd = {**sd, **{"mtp." + k: v for k, v in mtp.items()}}
-        sd = msd
-        layer("mtp.layers.0.", L, True)
-        d = f"blk.{L}.nextn."
-        out[d + "enorm.weight"] = norm(sd["mtp.pre_fc_norm_embedding.weight"])
-        out[d + "hnorm.weight"] = norm(sd["mtp.pre_fc_norm_hidden.weight"])
-        out[d + "eh_proj.weight"] = _np(sd["mtp.fc.weight"])
-        out[d + "shared_head_norm.weight"] = norm(sd["mtp.norm.weight"])
-
-    w = gguf.GGUFWriter(str(path), arch)
-    a = arch
-    w.add_uint32("general.file_type", int(gguf.LlamaFileType.ALL_F32))
-    w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
-    w.add_uint32(f"{a}.embedding_length", H)
-    w.add_uint32(f"{a}.block_count", L)
-    w.add_uint32(f"{a}.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32(f"{a}.expert_feed_forward_length", cfg.moe_intermediate_size)
-    w.add_uint32(f"{a}.expert_count", cfg.num_experts)
-    w.add_uint32(f"{a}.expert_used_count", cfg.num_experts_per_tok)
-    w.add_uint32(f"{a}.attention.head_count", cfg.num_attention_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", cfg.num_key_value_heads)
-    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    w.add_float32(f"{a}.rope.freq_base", cfg.rope_parameters["rope_theta"])
-    if nxt:
-        w.add_uint32(f"{a}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size)
-        w.add_uint32(f"{a}.rope.dimension_count",
-                     int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 0.25)))
-        w.add_uint32(f"{a}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
-        w.add_uint32(f"{a}.ssm.state_size", cfg.linear_key_head_dim)
-        w.add_uint32(f"{a}.ssm.group_count", cfg.linear_num_key_heads)
-        w.add_uint32(f"{a}.ssm.time_step_rank", cfg.linear_num_value_heads)
-        w.add_uint32(f"{a}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads)
-        w.add_uint32(f"{a}.full_attention_interval", 4)
-        if mtp is not None:
-            w.add_uint32(f"{a}.nextn_predict_layers", 1)
-    voc = synth_gguf.make_vocab(synth_gguf.Config(n_vocab=cfg.vocab_size))
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "qwen2")
-    w.add_array("tokenizer.ggml.tokens", voc["tokens"])
-    w.add_array("tokenizer.ggml.token_type", voc["types"])
-    w.add_array("tokenizer.ggml.merges", voc["merges"])
-    for name, arr in out.items():
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """sd: transformers state_dict (in-memory names; experts fused). mtp: HF mtp.* tensors without prefix.
+    Saved as a Hugging Face checkpoint beside path (config.json, safetensors, a small BPE tokenizer), then
+    converted to an f32 GGUF by convert_hf."""
+    from safetensors.torch import save_file
+    d = Path(path).with_suffix(".hf")
+    d.mkdir(exist_ok=True)
+    cfg.to_json_file(str(d / "config.json"))
+    tensors = {k: v.detach().contiguous() for k, v in sd.items()}
+    tensors.update({"mtp." + k: v.detach().contiguous() for k, v in (mtp or {}).items()})
+    save_file(tensors, str(d / "model.safetensors"))
+    train_tiny.train_tokenizer([TOKENIZER_TEXT], min(VOCAB, 300), d)
+    convert_hf.convert(d, path, "f32", legacy_ssm_in=legacy_ssm_in)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -350,7 +253,7 @@ def main(argv=None):
 REPORT = """# Reference forward vs Hugging Face transformers (2026-11-29)
 
 What: `tests/reference/model.py` (numpy, float64) against transformers' `Qwen3MoeForCausalLM` and
-`Qwen3NextForCausalLM` on tiny random models, converted to GGUF by `tools/parity_hf.py`'s own writer
+`Qwen3NextForCausalLM` on tiny random models, converted to GGUF by `tools/convert_hf.py`
 (REFERENCE.md §2). Logits for a {T}-token random prompt (seed {seed}); "prompt" is the reference's
 full-prompt forward (chunked DeltaNet) vs HF's full-prompt forward; "HF step-by-step" compares the same
 reference logits with HF decoding one token at a time through its cache (recurrent DeltaNet path in HF).

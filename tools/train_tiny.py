@@ -79,7 +79,7 @@ def source_roots() -> list[str]:
     import site
     for p in site.getsitepackages():
         roots.add(p)
-    return sorted(r for r in roots if os.path.isdir(r))
+    return sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
 
 
 def collect_files(roots: list[str], max_bytes: int, seed: int):
@@ -276,12 +276,12 @@ def losses(tc: TinyCoder, x: torch.Tensor):
 # Checkpoint (Hugging Face layout, experts per expert as on the hub; REFERENCE.md §2.5)
 
 
-def save_checkpoint(tc: TinyCoder, out: Path, shard_mb: float):
+def save_checkpoint(tc: TinyCoder, out: Path, shard_mb: float, dtype=torch.bfloat16):
     from safetensors.torch import save_file
     out.mkdir(parents=True, exist_ok=True)
     sd = {}
     for k, v in tc.hf_state_dict().items():
-        v = v.detach().to(torch.bfloat16).cpu()
+        v = v.detach().to(dtype).cpu()
         if k.endswith("mlp.experts.gate_up_proj"):
             base, Fe = k[:-len("gate_up_proj")], v.shape[1] // 2
             for e in range(v.shape[0]):
@@ -312,7 +312,7 @@ def save_checkpoint(tc: TinyCoder, out: Path, shard_mb: float):
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     cfg = tc.cfg.to_dict()
     cfg.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", mtp_num_hidden_layers=1,
-               mtp_use_dedicated_embeddings=False, torch_dtype="bfloat16")
+               mtp_use_dedicated_embeddings=False, torch_dtype=str(dtype).replace("torch.", ""))
     cfg.pop("attn_implementation", None)
     cfg.pop("_attn_implementation_autoset", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
@@ -390,34 +390,32 @@ def mtp_agreement(tc: TinyCoder, seqs: torch.Tensor, amp) -> tuple[float, float,
 
 
 def function_headers(val, tok, n: int, ctx_tokens: int, seed: int):
-    """(prompt ids of exactly ctx_tokens ending with a def header line + newline, header indent) from val files."""
-    rng = random.Random(seed)
-    out = []
+    """Up to n (prompt ids, header, source) from held-out text: a prompt is exactly ctx_tokens tokens ending
+    with a one-line `def ...:` header and its newline. Candidates are every such line in the texts (a header
+    that parses with a `pass` body), sampled with a seeded RNG."""
+    import textwrap
+    cands = []
     for path, text in val:
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):
+        pos = 0
+        for line in text.splitlines(keepends=True):
+            pos += len(line)
+            st = line.strip()
+            if not (st.startswith(("def ", "async def ")) and st.endswith(":") and line.endswith("\n")):
+                continue
+            ind = line[:len(line) - len(line.lstrip())]
+            try:
+                ast.parse(textwrap.dedent(line + ind + "    pass\n"))
+            except (SyntaxError, ValueError):
+                continue
+            cands.append((path, text, pos, line))
+    rng = random.Random(seed)
+    rng.shuffle(cands)
+    out = []
+    for path, text, pos, line in cands:
+        ids = tok.encode(text[max(0, pos - 12 * ctx_tokens):pos], add_special_tokens=False).ids
+        if len(ids) < ctx_tokens + 1:
             continue
-        lines = text.splitlines(keepends=True)
-        cands = []
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-                hl = node.body[0].lineno - 1          # last header line is just above the body's first line
-                if node.body[0].lineno <= node.lineno or getattr(node, "decorator_list", None) is None:
-                    continue
-                if hl < 1 or not lines[hl - 1].rstrip().endswith(":"):
-                    continue
-                cands.append((node, hl))
-        if not cands:
-            continue
-        node, hl = rng.choice(cands)
-        prefix = "".join(lines[:hl])
-        ids = tok.encode(prefix, add_special_tokens=False).ids
-        if len(ids) < ctx_tokens // 4:
-            continue
-        ids = ids[-ctx_tokens:]
-        header = "".join(lines[node.lineno - 1:hl])
-        out.append((ids, header, path))
+        out.append((ids[-ctx_tokens:], line, path))
         if len(out) >= n:
             break
     return out
@@ -611,10 +609,13 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shard-mb", type=float, default=14.5)
+    ap.add_argument("--ckpt-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="checkpoint dtype (float32: the GGUF holds exactly the weights PyTorch evaluated)")
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a preset field, e.g. --set max_data_mb=80 (recorded in metrics.json)")
     ap.add_argument("--eval-only", help="evaluate this hf/ checkpoint (with its tokenizer) instead of training")
+    ap.add_argument("--val-text", help="with --eval-only: held-out text to evaluate on (e.g. a run's val.txt)")
     args = ap.parse_args(argv)
     p = dict(PRESETS[args.preset])
     for kv in args.set:
@@ -638,6 +639,17 @@ def main(argv=None):
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
         + (f" ({torch.cuda.get_device_name(0)})" if cuda else "") + f", preset {args.preset}")
 
+    if args.eval_only and args.val_text:
+        from tokenizers import Tokenizer
+        src = Path(args.eval_only)
+        tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+        tc = load_checkpoint(src, device)
+        text = Path(args.val_text).read_text()
+        p["ppl_bytes"] = len(text.encode()) + 1
+        res = evaluate(tc, tok, [(args.val_text, text)], p, out, device, amp, args.seed)
+        res.update(val_text=args.val_text, device=str(device), params=p)
+        (out / "metrics-eval.json").write_text(json.dumps(res, indent=2))
+        return 0
     roots = args.src or source_roots()
     log("sources:", ", ".join(roots))
     files = collect_files(roots, 0, args.seed)
@@ -731,7 +743,7 @@ def main(argv=None):
     el = time.time() - t_train
     log(f"trained {step} steps, {toks / 1e6:.1f} M tokens in {el:.0f}s ({toks / el:,.0f} tok/s) "
         f"[{time.time() - t_start:.0f}s]")
-    save_checkpoint(tc, hf_dir, args.shard_mb)
+    save_checkpoint(tc, hf_dir, args.shard_mb, getattr(torch, args.ckpt_dtype))
     (out / "loss_history.json").write_text(json.dumps(hist))
     try:
         plot_loss(hist, out / "loss.png")
