@@ -2,12 +2,6 @@
 // the number of activation rows (1..4, a compile-time constant after inlining): the weight block
 // is unpacked once into registers and multiplied with every activation row.
 
-#if defined(__GNUC__) && !defined(__clang__)
-// CMake gives this file -mavxvnni, but the path is chosen on AVX2 alone (AMD Zen 3 has no
-// AVX-VNNI): keep the compiler from emitting VNNI instructions on its own.
-#pragma GCC target("no-avxvnni")
-#endif
-
 #include <immintrin.h>
 #include <string.h>
 
