@@ -588,6 +588,22 @@ static jnode *parse_postfix(parser *p, jnode *e) {
                 if (is_op(cur(p), "]")) break;
                 jnode *x = parse_expr(p);
                 if (!x) return NULL;
+                if (!slice && np == 0 && is_op(cur(p), ",")) { // x[a, b] subscripts with a tuple
+                    nvec tv = {0};
+                    if (!nv_push(p, &tv, x, NULL)) return NULL;
+                    while (is_op(cur(p), ",")) {
+                        adv(p);
+                        if (is_op(cur(p), "]")) break;
+                        jnode *y = parse_expr(p);
+                        if (!y || !nv_push(p, &tv, y, NULL)) return NULL;
+                    }
+                    jnode *tup = node(p, E_LIST, t);
+                    if (!tup) return NULL;
+                    tup->args = tv.v, tup->nargs = tv.n, tup->neg = 1;
+                    for (int k = 0; k < tv.n; k++)
+                        if (!above(p, tup, tv.v[k])) return NULL;
+                    x = tup;
+                }
                 parts[np] = x;
                 if (!is_op(cur(p), ":") && !is_op(cur(p), "]")) {
                     perr(p, cur(p)->line, cur(p)->col, "expected ']' or ':', got '%s'", tok_desc(cur(p)));

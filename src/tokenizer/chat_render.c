@@ -1794,7 +1794,7 @@ static bool apply_test(rctx *c, const jnode *n, const char *name, jval v, jval *
         else if (!strcmp(name, "ge") || !strcmp(name, ">="))
             k = cmp_vals(c, n, OP_GE, v, a0, &okc), *res = k >= 0;
         else
-            return fail(c, n, ST_ERR_UNSUPPORTED, "no test named '%s'", name);
+            return fail(c, n, ST_ERR_ARG, "no test named '%s'", name);
         return okc;
     }
     return true;
@@ -1862,6 +1862,7 @@ static int sort_cmp(rctx *c, const jnode *at, const sort_item *x, const sort_ite
                     bool *ok) {
     jval a = x->key, b = y->key;
     *ok = true;
+    if (jv_equal(a, b)) return 0; // Python compares sort keys for equality first (Undefined == Undefined)
     if (!case_sensitive && a.t == JV_STR && b.t == JV_STR) {
         size_t n = a.s->len < b.s->len ? a.s->len : b.s->len;
         for (size_t i = 0; i < n; i++) {
@@ -2127,6 +2128,10 @@ static bool apply_filter(rctx *c, const jnode *n, jval v, jval *args, jstr **kw,
     if (!strcmp(name, "round")) {
         jval pr = arg(args, kw, nargs, 0, "precision", jv_int(0)), me = arg(args, kw, nargs, 1, "method", none);
         if (!is_num(v)) return fail(c, n, ST_ERR_ARG, "round needs a number");
+        if (v.t != JV_FLOAT && (me.t != JV_STR || !strcmp(me.s->s, "common"))) { // round(int) is the int
+            *out = jv_int(inum(v));
+            return true;
+        }
         int64_t prec = pr.t == JV_INT ? pr.i : 0;
         if (prec < 0 || prec > 30) return fail(c, n, ST_ERR_UNSUPPORTED, "round: precision must be in [0, 30]");
         double x = fnum(v), m = pow(10.0, (double)prec), r;
@@ -2278,7 +2283,8 @@ static bool apply_filter(rctx *c, const jnode *n, jval v, jval *args, jstr **kw,
         if (!need_str(c, n, nm, "attr name")) return false;
         return get_attr(c, n, v, nm.s, out);
     }
-    return fail(c, n, ST_ERR_UNSUPPORTED, "the '%s' filter is not supported", name);
+    if (in_list(filter_names, name)) return fail(c, n, ST_ERR_UNSUPPORTED, "the '%s' filter is not supported", name);
+    return fail(c, n, ST_ERR_ARG, "no filter named '%s'", name);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2468,24 +2474,30 @@ static bool exec_body(rctx *c, jnode *const *body, int nbody, jframe *f) {
 // Checking names at parse time: an unknown filter or test is a template error with its place,
 // as Jinja reports it when compiling.
 
-static st_status check_names(const char *tname, jnode *const *body, int nbody);
-static st_status check_node(const char *tname, const jnode *n) {
+// Jinja reports an unknown filter or test when compiling, except inside an `if` (its test and
+// branches) or a conditional expression, where the error waits until the code runs; a loop,
+// macro or block body inside those is checked at compile time again. `soft` tracks that.
+static st_status check_names(const char *tname, jnode *const *body, int nbody, bool soft);
+static st_status check_node(const char *tname, const jnode *n, bool soft) {
     if (!n) return ST_OK;
-    if (n->kind == E_FILTER && !in_list(filter_names, n->name->s))
+    if (!soft && n->kind == E_FILTER && !in_list(filter_names, n->name->s))
         return st_fail(ST_ERR_FORMAT, "%s:%d:%d: no filter named '%s'", tname, n->line, n->col, n->name->s);
-    if (n->kind == E_TEST && !in_list(test_names, n->name->s))
+    if (!soft && n->kind == E_TEST && !in_list(test_names, n->name->s))
         return st_fail(ST_ERR_FORMAT, "%s:%d:%d: no test named '%s'", tname, n->line, n->col, n->name->s);
-    ST_TRY(check_node(tname, n->a));
-    ST_TRY(check_node(tname, n->b));
-    ST_TRY(check_node(tname, n->c));
-    ST_TRY(check_node(tname, n->filter));
+    bool in = soft || n->kind == N_IF || n->kind == E_COND; // this node's own expressions
+    bool inner = n->kind == N_FOR || n->kind == N_MACRO || n->kind == N_CALLBLOCK ||
+                 n->kind == N_SET_BLOCK || n->kind == N_FILTER_BLOCK ? false : in; // bodies
+    ST_TRY(check_node(tname, n->a, in));
+    ST_TRY(check_node(tname, n->b, in));
+    ST_TRY(check_node(tname, n->c, in));
+    ST_TRY(check_node(tname, n->filter, n->kind == N_FOR ? false : in));
     if (n->kind != E_SLICE || n->args)
-        for (int i = 0; i < n->nargs; i++) ST_TRY(check_node(tname, n->args[i]));
-    ST_TRY(check_names(tname, n->body, n->nbody));
-    return check_names(tname, n->alt, n->nalt);
+        for (int i = 0; i < n->nargs; i++) ST_TRY(check_node(tname, n->args[i], in));
+    ST_TRY(check_names(tname, n->body, n->nbody, inner));
+    return check_names(tname, n->alt, n->nalt, inner);
 }
-static st_status check_names(const char *tname, jnode *const *body, int nbody) {
-    for (int i = 0; i < nbody; i++) ST_TRY(check_node(tname, body[i]));
+static st_status check_names(const char *tname, jnode *const *body, int nbody, bool soft) {
+    for (int i = 0; i < nbody; i++) ST_TRY(check_node(tname, body[i], soft));
     return ST_OK;
 }
 
@@ -2499,7 +2511,7 @@ st_status st_chat_template_parse(const char *src, size_t len, const char *name, 
     snprintf(t->name, sizeof t->name, "%s", name ? name : "template");
     ja_init(&t->arena, AST_ARENA_CAP);
     st_status s = jparse(&t->arena, t->name, src, len, &t->ast);
-    if (s == ST_OK) s = check_names(t->name, t->ast.body, t->ast.nbody);
+    if (s == ST_OK) s = check_names(t->name, t->ast.body, t->ast.nbody, false);
     if (s != ST_OK) {
         st_chat_template_free(t);
         return s;

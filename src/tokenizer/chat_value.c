@@ -413,7 +413,7 @@ static bool write_str_d(jbuf *b, jval v, int depth);
 
 static bool write_repr_d(jbuf *b, jval v, int depth) {
     if (v.t == JV_STR) return write_repr_str(b, v.s);
-    if (v.t == JV_UNDEF) return true; // str(Undefined) is '' and so is its use inside a repr here
+    if (v.t == JV_UNDEF) return jb_puts(b, "Undefined"); // repr() of Jinja's Undefined, inside a list
     return write_str_d(b, v, depth);
 }
 bool jv_write_repr(jbuf *b, jval v) { return write_repr_d(b, v, 0); }

@@ -385,6 +385,9 @@ SNIPPETS = [
     "{{ '%s-%05.2f|%-4s|%3d|%x|%%|%r|%e|%g' % ('a', 3.14159, 'b', 7, 255, 'q', 12345.678, 0.0001) }}",
     "{{ '%(name)s is %(age)d' % {'name': 'ann', 'age': 41} }} {{ 'v=%s' % [1, 2] }} {{ '%.2s|%5s|%-3d|' % ('héllo', 'é', -4) }} {{ 'n=%d' % 3.9 }}",
     "{{ '{} and {}'.format('a', 1) }}|{{ '{1}{0}{{x}}'.format('a', 'b') }}|{{ '{name}={v!r}'.format(name='k', v='q') }}|{{ '{:>6}|{:<4}|{:^7}|{:08.3f}|{:+d}|{:x}|{:X}|{:o}|{:.2%}|{:e}'.format('r', 'l', 'mid', 3.14159, 5, -255, 255, 8, 0.4567, 1234.5) }}|{{ '{}'.format(1.5) }}|{{ '{:*^9}'.format('é') }}|{{ '{:.3}'.format('abcdef') }}",
+    "{{ items | nofilt if false else 'skip' }}{% if false %}{{ x | nofilt }}{{ x is nosuch }}{% endif %}ok",
+    "{{ 26567 | round(2) }} {{ 2.5 | round(0, 'floor') }} {{ true | round }} {{ d[1, 2] }}|{{ {(1, 2): 'tup'}[1, 2] }} {{ [none, d.zz, (1, d.zz)] }}",
+    "{{ users | sort(attribute='missing') | map(attribute='name') | join }} {{ users | sort(attribute='age', reverse=true) | map(attribute='age') | list }}",
     "{{ 'straße' | upper }} {{ 'ΑΒΓ δ' | lower }} {{ 'привет мир' | title }} {{ 'élan vital' | capitalize }} {{ 'Ñandú' | upper }} {{ 'ÀÉÎÕÜ' | lower }}",
 ]
 
