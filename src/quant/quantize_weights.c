@@ -10,7 +10,6 @@
 #include "quant/blocks.h"
 #include "quant/iq_tables.h"
 
-static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 // The integer code nearest v within [lo, hi] (halves round up). Clamping first keeps the
 // conversion defined for any input, NaN included (it lands on lo); inline, unlike nearbyintf.
 static inline int code(float v, int lo, int hi) {
@@ -29,6 +28,13 @@ static float signed_amax(const float *x, int n) {
             max = x[j];
         }
     return max;
+}
+
+// The legacy types' code: v truncated toward zero into [0, hi] (v is already shifted by +½, so
+// this rounds). Clamped before the conversion, so NaN or infinite weights cannot make it undefined.
+static inline int trunc_code(float v, int hi) {
+    if (!(v >= 0.0f)) return 0;
+    return v >= (float)hi ? hi : (int)v;
 }
 
 // (fminf/fmaxf are library calls at -O2; plain comparisons are not.)
@@ -52,7 +58,7 @@ static void q4_0_block(const float *x, void *out) {
     float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     y->d = st_f32_to_f16(d);
     for (int j = 0; j < QK4_0 / 2; j++) {
-        int a = clampi((int)(x[j] * id + 8.5f), 0, 15), b = clampi((int)(x[j + 16] * id + 8.5f), 0, 15);
+        int a = trunc_code(x[j] * id + 8.5f, 15), b = trunc_code(x[j + 16] * id + 8.5f, 15);
         y->qs[j] = (uint8_t)(a | b << 4);
     }
 }
@@ -65,8 +71,8 @@ static void q4_1_block(const float *x, void *out) {
     y->d = st_f32_to_f16(d);
     y->m = st_f32_to_f16(min);
     for (int j = 0; j < QK4_1 / 2; j++) {
-        int a = clampi((int)((x[j] - min) * id + 0.5f), 0, 15);
-        int b = clampi((int)((x[j + 16] - min) * id + 0.5f), 0, 15);
+        int a = trunc_code((x[j] - min) * id + 0.5f, 15);
+        int b = trunc_code((x[j + 16] - min) * id + 0.5f, 15);
         y->qs[j] = (uint8_t)(a | b << 4);
     }
 }
@@ -84,7 +90,7 @@ static void q5_0_block(const float *x, void *out) {
     float max = signed_amax(x, QK5_0);
     float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     int q[32];
-    for (int e = 0; e < 32; e++) q[e] = clampi((int)(x[e] * id + 16.5f), 0, 31);
+    for (int e = 0; e < 32; e++) q[e] = trunc_code(x[e] * id + 16.5f, 31);
     y->d = st_f32_to_f16(d);
     q5_pack(q, y->qs, y->qh);
 }
@@ -95,7 +101,7 @@ static void q5_1_block(const float *x, void *out) {
     min_max(x, QK5_1, &min, &max);
     float d = (max - min) / 31.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     int q[32];
-    for (int e = 0; e < 32; e++) q[e] = clampi((int)((x[e] - min) * id + 0.5f), 0, 31);
+    for (int e = 0; e < 32; e++) q[e] = trunc_code((x[e] - min) * id + 0.5f, 31);
     y->d = st_f32_to_f16(d);
     y->m = st_f32_to_f16(min);
     q5_pack(q, y->qs, y->qh);

@@ -147,7 +147,8 @@ static void test_q8_0_is_activation_quantizer(void **state) {
 
 // All-zero blocks give zeros; a constant block is represented exactly or nearly (types with a
 // min/offset: to fp16 precision; symmetric types: to their scale rounding); an outlier does not
-// break the other blocks of the row, and nothing is NaN.
+// break the other blocks of the row, and nothing is NaN; NaN or infinite inputs stay in their
+// blocks.
 static void test_special_blocks(void **state) {
     (void)state;
     enum { N = 512 };
@@ -172,6 +173,19 @@ static void test_special_blocks(void **state) {
         for (int i = 0; i < N; i++) assert_false(isnan(y[i]) || isinf(y[i]));
         assert_true(fabsf(y[17] - 50.0f) <= 50.0f * 0.1f);
         double se = 0.0, ss = 0.0; // the second half of the row is in other blocks (256 >= block)
+        for (int i = N / 2; i < N; i++) {
+            se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+            ss += (double)x[i] * x[i];
+        }
+        assert_true(sqrt(se / ss) <= cases[c].bound * 1.5 + 1e-7);
+
+        // A NaN and an infinity spoil their own blocks only (both in the first 256 values).
+        fill_normal(x, N, 1.0f, 4);
+        x[3] = NAN;
+        x[200] = INFINITY;
+        st_quantize_weights(t, x, q, 1, N);
+        st_dequantize(t, q, y, N);
+        se = ss = 0.0;
         for (int i = N / 2; i < N; i++) {
             se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
             ss += (double)x[i] * x[i];
