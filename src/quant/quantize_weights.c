@@ -140,7 +140,7 @@ static float fit_affine(const float *x, int n, int nmax, search sr, float *s_out
         for (int j = 0; j < n; j++) err += (x[j] - lo) * (x[j] - lo);
         return err;
     }
-    // Baseline: the plain min/max mapping.
+    // The plain min/max mapping, should no candidate give a positive scale.
     float best_s = range / (float)nmax, best_m = -lo, best_err = INFINITY;
     for (int k = -sr.steps; k <= sr.steps; k++) {
         float iscale = (float)nmax * (1.0f + sr.span * (float)k / (float)sr.steps) / range;
