@@ -294,28 +294,32 @@ static st_status encode_segment(const st_tokenizer *t, st_bpe_scratch *s, const 
         if (r > 0) text = norm, len = nlen;
     }
     PCRE2_SPTR subj = (PCRE2_SPTR)text;
-    size_t off = 0;
-    while (off < len) {
-        int rc = t->jit ? pcre2_jit_match(t->re, subj, len, off, 0, s->md, s->mctx)
-                        : pcre2_match(t->re, subj, len, off, 0, s->md, s->mctx);
-        if (rc == PCRE2_ERROR_NOMATCH) { // only bytes that are not UTF-8 remain
-            ST_TRY(bpe_piece(t, s, text + off, len - off, out));
-            break;
-        }
+    // Text the regex does not match (only invalid UTF-8 for the built-in patterns) forms pieces
+    // of its own between the matches, as Hugging Face's "Isolated" split keeps it.
+    size_t gap = 0, pos = 0;
+    while (pos < len) {
+        int rc = t->jit ? pcre2_jit_match(t->re, subj, len, pos, 0, s->md, s->mctx)
+                        : pcre2_match(t->re, subj, len, pos, 0, s->md, s->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(rc, msg, sizeof msg);
             return st_fail(ST_ERR_RANGE, "tokenizer: pre-tokenizer regex failed at byte %zu: %s",
-                           off, (const char *)msg);
+                           pos, (const char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
         size_t ms = ov[0], me = ov[1];
-        ST_ASSERT(me > ms && ms >= off); // the patterns never match empty
-        // Invalid UTF-8 never matches: a run of it between matches is a piece of its own.
-        if (ms > off) ST_TRY(bpe_piece(t, s, text + off, ms - off, out));
+        if (me == ms) { // an empty match (possible in a tokenizer.json regex) is no piece
+            uint32_t cp;
+            int k = ms < len ? st_utf8_decode((const unsigned char *)text + ms, len - ms, &cp) : 0;
+            pos = ms + (k > 0 ? (size_t)k : 1);
+            continue;
+        }
+        if (ms > gap) ST_TRY(bpe_piece(t, s, text + gap, ms - gap, out));
         ST_TRY(bpe_piece(t, s, text + ms, me - ms, out));
-        off = me;
+        gap = pos = me;
     }
+    if (gap < len) ST_TRY(bpe_piece(t, s, text + gap, len - gap, out));
     return ST_OK;
 }
 

@@ -94,7 +94,10 @@ static void json_escape(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-// Writes the vocabulary as a tokenizer.json (GPT-2 pattern, no normalizer) into dir.
+static const char *pretok_json = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                                 "\"trim_offsets\": true, \"use_regex\": true}";
+
+// Writes the vocabulary as a tokenizer.json (GPT-2 pattern unless pretok_json is changed).
 static void write_json(const char *path, bool nfc) {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -105,11 +108,9 @@ static void write_json(const char *path, bool nfc) {
         fprintf(f, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
                    "\"normalized\": false, \"special\": %s}", added_special[i] ? "true" : "false");
     }
-    fprintf(f, "], \"normalizer\": %s, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
-               "\"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}, "
-               "\"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, "
+    fprintf(f, "], \"normalizer\": %s, \"pre_tokenizer\": %s, \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, "
                "\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
-               "\"byte_fallback\": false, \"vocab\": {", nfc ? "{\"type\": \"NFC\"}" : "null");
+               "\"byte_fallback\": false, \"vocab\": {", nfc ? "{\"type\": \"NFC\"}" : "null", pretok_json);
     for (int i = 0; i < n_tok; i++) {
         if (i) fprintf(f, ", ");
         json_escape(f, tok_str[i]);
@@ -482,6 +483,34 @@ static void test_load_errors(void **state) {
     assert_non_null(strstr(st_error(), "/nonexistent/tokenizer.json"));
 }
 
+// A tokenizer.json regex that can match empty text: empty matches make no pieces, unmatched text
+// is kept, and decoding gives the text back.
+static void test_custom_regex_empty_matches(void **state) {
+    (void)state;
+    const char *saved = pretok_json;
+    pretok_json = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+                  "\"pattern\": {\"Regex\": \"a*\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
+                  "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}";
+    st_tokenizer *t = load_synthetic(true);
+    pretok_json = saved;
+    assert_int_equal(st_tokenizer_pretok(t), ST_PRETOK_CUSTOM);
+    assert_true(st_tokenizer_nfc(t));
+    const char *texts[] = {"bab", "aaaa", "b", "xyz\xff", "baab cafe\xcc\x81"};
+    const char *want[] = {"bab", "aaaa", "b", "xyz\xff", "baab caf\xc3\xa9"};
+    for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(st_tokenize(t, texts[k], strlen(texts[k]), 0, &ids, &n), ST_OK);
+        char *out;
+        size_t len;
+        assert_int_equal(st_detokenize(t, ids, n, false, &out, &len), ST_OK);
+        assert_string_equal(out, want[k]);
+        free(out);
+        free(ids);
+    }
+    st_tokenizer_free(t);
+}
+
 static int teardown(void **state) {
     (void)state;
     if (tmpdir[0]) rmdir(tmpdir);
@@ -494,7 +523,7 @@ int main(void) {
         cmocka_unit_test(test_merges_match_naive), cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_gguf_matches_json),  cmocka_unit_test(test_threads),
         cmocka_unit_test(test_nfc),                cmocka_unit_test(test_stream_decoder),
-        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_load_errors),        cmocka_unit_test(test_custom_regex_empty_matches),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }
