@@ -1031,7 +1031,7 @@ static jnode *parse_tuple_expr(parser *p) {
     if (!nv_push(p, &v, e, NULL)) return NULL;
     while (is_op(cur(p), ",")) {
         adv(p);
-        if (cur(p)->t == T_BLOCK_END || is_name(cur(p), "in")) break;
+        if (cur(p)->t == T_BLOCK_END || cur(p)->t == T_VAR_END || is_name(cur(p), "in") || is_op(cur(p), "=")) break;
         jnode *y = parse_expr(p);
         if (!y || !nv_push(p, &v, y, NULL)) return NULL;
     }
@@ -1055,6 +1055,12 @@ static bool expect_block_end(parser *p) {
     }
     adv(p);
     return true;
+}
+
+// The end of a statement that opens a body; Jinja allows a Python-like ':' before the '%}'.
+static bool expect_body_start(parser *p) {
+    if (is_op(cur(p), ":")) adv(p);
+    return expect_block_end(p);
 }
 
 // Parses target names: `a` or `a, b` (for loops, set).
@@ -1088,7 +1094,7 @@ static bool parse_targets(parser *p, jnode *n) {
 
 static jnode *parse_if(parser *p, tok *t) {
     jnode *n = node(p, N_IF, t);
-    if (!n || !(n->a = parse_tuple_expr(p)) || !expect_block_end(p)) return NULL;
+    if (!n || !(n->a = parse_tuple_expr(p)) || !expect_body_start(p)) return NULL;
     static const char *const ends[] = {"elif", "else", "endif", NULL};
     if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
     tok *e = cur(p);
@@ -1104,7 +1110,7 @@ static jnode *parse_if(parser *p, tok *t) {
     }
     if (!strcmp(e->s->s, "else")) {
         static const char *const ends2[] = {"endif", NULL};
-        if (!expect_block_end(p) || !parse_body(p, ends2, &n->alt, &n->nalt)) return NULL;
+        if (!expect_body_start(p) || !parse_body(p, ends2, &n->alt, &n->nalt)) return NULL;
         adv(p);
     }
     return expect_block_end(p) ? n : NULL;
@@ -1128,8 +1134,24 @@ static jnode *parse_for(parser *p, tok *t) {
         return NULL;
     }
     adv(p);
-    // the iterable stops before `if` (a loop filter) and `recursive`
+    // the iterable stops before `if` (a loop filter) and `recursive`; `a, b` is a tuple
     if (!(n->a = parse_or(p))) return NULL;
+    if (is_op(cur(p), ",")) {
+        nvec tv = {0};
+        if (!nv_push(p, &tv, n->a, NULL)) return NULL;
+        while (is_op(cur(p), ",")) {
+            adv(p);
+            if (cur(p)->t == T_BLOCK_END || is_name(cur(p), "if") || is_name(cur(p), "recursive")) break;
+            jnode *y = parse_or(p);
+            if (!y || !nv_push(p, &tv, y, NULL)) return NULL;
+        }
+        jnode *tup = node(p, E_LIST, t);
+        if (!tup) return NULL;
+        tup->args = tv.v, tup->nargs = tv.n, tup->neg = 1;
+        for (int k = 0; k < tv.n; k++)
+            if (!above(p, tup, tv.v[k])) return NULL;
+        n->a = tup;
+    }
     if (is_name(cur(p), "if")) {
         adv(p);
         if (!(n->filter = parse_expr(p))) return NULL;
@@ -1138,7 +1160,7 @@ static jnode *parse_for(parser *p, tok *t) {
         n->recursive = true;
         adv(p);
     }
-    if (!expect_block_end(p)) return NULL;
+    if (!expect_body_start(p)) return NULL;
     static const char *const ends[] = {"else", "endfor", NULL};
     if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
     n->captures = has_capture(n->body, n->nbody);
@@ -1146,7 +1168,7 @@ static jnode *parse_for(parser *p, tok *t) {
     adv(p);
     if (!strcmp(e->s->s, "else")) {
         static const char *const ends2[] = {"endfor", NULL};
-        if (!expect_block_end(p) || !parse_body(p, ends2, &n->alt, &n->nalt)) return NULL;
+        if (!expect_body_start(p) || !parse_body(p, ends2, &n->alt, &n->nalt)) return NULL;
         adv(p);
     }
     return expect_block_end(p) ? n : NULL;
@@ -1183,7 +1205,7 @@ static jnode *parse_set(parser *p, tok *t) {
         jnode *f = node(p, E_NAME, nm); // placeholder the filters apply to
         if (!f) return NULL;
         if (is_op(cur(p), "|") && !(n->filter = parse_filter_expr(p, f))) return NULL;
-        if (!expect_block_end(p)) return NULL;
+        if (!expect_body_start(p)) return NULL;
         static const char *const ends[] = {"endset", NULL};
         if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
         adv(p);
@@ -1241,7 +1263,7 @@ static jnode *parse_macro(parser *p, tok *t) {
     }
     n->name = nm->s;
     adv(p);
-    if (!parse_params(p, n) || !expect_block_end(p)) return NULL;
+    if (!parse_params(p, n) || !expect_body_start(p)) return NULL;
     static const char *const ends[] = {"endmacro", NULL};
     if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
     adv(p);
@@ -1258,7 +1280,7 @@ static jnode *parse_call_block(parser *p, tok *t) {
         perr(p, t->line, t->col, "expected a macro call after 'call'");
         return NULL;
     }
-    if (!expect_block_end(p)) return NULL;
+    if (!expect_body_start(p)) return NULL;
     static const char *const ends[] = {"endcall", NULL};
     if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
     adv(p);
@@ -1282,7 +1304,7 @@ static jnode *parse_filter_block(parser *p, tok *t) {
     x->a = f;
     adv(p);
     if (is_op(cur(p), "(") && !parse_args(p, x)) return NULL;
-    if (!(n->filter = parse_filter_expr(p, x)) || !expect_block_end(p)) return NULL;
+    if (!(n->filter = parse_filter_expr(p, x)) || !expect_body_start(p)) return NULL;
     static const char *const ends[] = {"endfilter", NULL};
     if (!parse_body(p, ends, &n->body, &n->nbody)) return NULL;
     adv(p);
@@ -1313,7 +1335,7 @@ static jnode *parse_statement(parser *p) {
     if (!strcmp(s, "generation")) { // transformers' AssistantTracker: renders its body as is
         jnode *n = node(p, N_BLOCK, t);
         static const char *const ends[] = {"endgeneration", NULL};
-        if (!n || !expect_block_end(p) || !parse_body(p, ends, &n->body, &n->nbody)) return NULL;
+        if (!n || !expect_body_start(p) || !parse_body(p, ends, &n->body, &n->nbody)) return NULL;
         adv(p);
         return expect_block_end(p) ? n : NULL;
     }
