@@ -173,7 +173,10 @@ static void detokenize_usage(FILE *f) {
                "                         [ID ... | -]\n\n"
                "Writes the exact bytes the ids stand for. Ids come from the arguments (spaces or\n"
                "commas between them) or, with - or none, from stdin.\n"
-               "  --skip-special  leave out control tokens\n");
+               "  --skip-special  leave out control tokens\n"
+               "  --stream        decode id by id through the streaming decoder, as a server\n"
+               "                  streams a reply: output is always valid UTF-8 (U+FFFD for\n"
+               "                  bytes that form no character)\n");
 }
 
 // Appends the ids in `s` (separated by spaces, commas, brackets or newlines).
@@ -207,7 +210,7 @@ static bool parse_ids(const char *s, int32_t **ids, size_t *n, size_t *cap) {
 
 int st_cmd_detokenize(int argc, char **argv) {
     const char *gguf = NULL, *json = NULL;
-    bool skip = false, bad = false, from_stdin = false;
+    bool skip = false, bad = false, from_stdin = false, stream = false;
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     for (int i = 1; i < argc && !bad; i++) {
@@ -219,6 +222,7 @@ int st_cmd_detokenize(int argc, char **argv) {
         if (st_cli_opt(argc, argv, &i, "-m", &gguf, &bad)) continue;
         if (st_cli_opt(argc, argv, &i, "--tokenizer-json", &json, &bad)) continue;
         if (!strcmp(argv[i], "--skip-special")) skip = true;
+        else if (!strcmp(argv[i], "--stream")) stream = true;
         else if (!strcmp(argv[i], "-")) from_stdin = true;
         else if (argv[i][0] == '-') {
             fprintf(stderr, "strata detokenize: unknown option '%s'\n", argv[i]);
@@ -247,6 +251,22 @@ int st_cmd_detokenize(int argc, char **argv) {
     }
     st_tokenizer *tok;
     st_status st = st_cli_load_tokenizer(gguf, json, &tok);
+    if (st == ST_OK && stream) {
+        st_detok_stream *ds = st_detok_stream_create(tok, skip);
+        st = ds ? ST_OK : ST_ERR_NOMEM;
+        const char *piece;
+        size_t plen;
+        for (size_t i = 0; st == ST_OK && i <= n; i++) {
+            st = i < n ? st_detok_stream_push(ds, ids[i], &piece, &plen)
+                       : st_detok_stream_flush(ds, &piece, &plen);
+            if (st == ST_OK && fwrite(piece, 1, plen, stdout) != plen) st = ST_ERR_IO;
+            fflush(stdout);
+        }
+        st_detok_stream_free(ds);
+        free(ids);
+        st_tokenizer_free(tok);
+        return st == ST_OK ? 0 : st_cli_fail(st);
+    }
     char *out = NULL;
     size_t len = 0;
     if (st == ST_OK) st = st_detokenize(tok, ids, n, skip, &out, &len);
