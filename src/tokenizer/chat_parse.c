@@ -111,7 +111,13 @@ static jstr *unescape(parser *p, const char *s, size_t n, int line, int col) {
         case 'n': buf[o++] = '\n'; break;
         case 't': buf[o++] = '\t'; break;
         case 'r': buf[o++] = '\r'; break;
-        case '0': buf[o++] = '\0'; break;
+        case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+            uint32_t cp = (uint32_t)(e - '0'); // octal: up to three digits, as Python reads them
+            for (int k = 0; k < 2 && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '7'; k++)
+                cp = cp * 8 + (uint32_t)(s[++i] - '0');
+            o += (size_t)utf8_put(buf + o, cp);
+            break;
+        }
         case 'a': buf[o++] = '\a'; break;
         case 'b': buf[o++] = '\b'; break;
         case 'f': buf[o++] = '\f'; break;

@@ -662,8 +662,10 @@ static bool do_slice(rctx *c, const jnode *at, jval obj, jval vs, jval ve, jval 
     else if (obj.t == JV_STR) {
         n = cp_offsets(c, obj.s, &offs);
         if (n == (size_t)-1) return oom(c, at);
-    } else
-        return fail(c, at, ST_ERR_ARG, "'%s' object is not subscriptable", jv_type_name(obj));
+    } else { // Jinja's getitem turns the TypeError into an undefined value
+        *out = undef_msg(c, "'%s' object is not subscriptable", jv_type_name(obj));
+        return true;
+    }
     int64_t b = 0, e = 0, st = 1; // set by slice_indices (gcc -O2 cannot see it)
     if (!slice_indices(c, at, vs, ve, vp, n, &b, &e, &st)) return false;
     size_t cnt = 0;

@@ -389,6 +389,7 @@ SNIPPETS = [
     "{{ 26567 | round(2) }} {{ 2.5 | round(0, 'floor') }} {{ true | round }} {{ d[1, 2] }}|{{ {(1, 2): 'tup'}[1, 2] }} {{ [none, d.zz, (1, d.zz)] }}",
     "{{ users | sort(attribute='missing') | map(attribute='name') | join }} {{ users | sort(attribute='age', reverse=true) | map(attribute='age') | list }}",
     "{{ x, }}{{ 1, 2 }}{% for x in items,d %}{{ x }};{% endfor %}{% if a: %}A{% elif b: %}B{% else: %}C{% endif %}{% for i in items: %}{{ i }}{% else: %}e{% endfor %}",
+    "{{ 4[-1:] }}|{{ none[1:] }}|{{ 'esc\\141\\101\\0x' | length }}|{{ 'o\\101k' }}",
     "{{ 'straße' | upper }} {{ 'ΑΒΓ δ' | lower }} {{ 'привет мир' | title }} {{ 'élan vital' | capitalize }} {{ 'Ñandú' | upper }} {{ 'ÀÉÎÕÜ' | lower }}",
 ]
 
