@@ -1878,15 +1878,18 @@ static int sort_cmp(rctx *c, const jnode *at, const sort_item *x, const sort_ite
     return cmp_vals(c, at, OP_LT, a, b, ok);
 }
 
-static bool merge_sort(rctx *c, const jnode *at, sort_item *v, sort_item *tmp, size_t n, bool cs) {
+// reverse flips each comparison (not the result), which keeps equal items in their order, as
+// Python's sorted(reverse=True) does.
+static bool merge_sort(rctx *c, const jnode *at, sort_item *v, sort_item *tmp, size_t n, bool cs, bool rev) {
     if (n < 2) return true;
     size_t h = n / 2;
-    if (!merge_sort(c, at, v, tmp, h, cs) || !merge_sort(c, at, v + h, tmp, n - h, cs)) return false;
+    if (!merge_sort(c, at, v, tmp, h, cs, rev) || !merge_sort(c, at, v + h, tmp, n - h, cs, rev)) return false;
     size_t i = 0, j = h, k = 0;
     while (i < h && j < n) {
         bool ok;
         int r = sort_cmp(c, at, &v[j], &v[i], cs, &ok);
         if (!ok) return false;
+        if (rev) r = -r;
         tmp[k++] = r < 0 ? v[j++] : v[i++];
     }
     while (i < h) tmp[k++] = v[i++];
@@ -2200,10 +2203,10 @@ static bool apply_filter(rctx *c, const jnode *n, jval v, jval *args, jstr **kw,
             }
             items[i].v = l->v[i], items[i].key = key;
         }
-        bool ok = merge_sort(c, n, items, items + cnt, cnt, jv_truthy(cs));
+        bool ok = merge_sort(c, n, items, items + cnt, cnt, jv_truthy(cs), jv_truthy(rev));
         jval r = ok ? mklist(c, cnt) : jv_none();
         if (ok && r.t == JV_LIST)
-            for (size_t i = 0; i < cnt; i++) r.l->v[jv_truthy(rev) ? cnt - 1 - i : i] = items[i].v;
+            for (size_t i = 0; i < cnt; i++) r.l->v[i] = items[i].v;
         free(items);
         if (!ok) return false;
         if (r.t != JV_LIST) return oom(c, n);

@@ -390,6 +390,7 @@ SNIPPETS = [
     "{{ users | sort(attribute='missing') | map(attribute='name') | join }} {{ users | sort(attribute='age', reverse=true) | map(attribute='age') | list }}",
     "{{ x, }}{{ 1, 2 }}{% for x in items,d %}{{ x }};{% endfor %}{% if a: %}A{% elif b: %}B{% else: %}C{% endif %}{% for i in items: %}{{ i }}{% else: %}e{% endfor %}",
     "{{ 4[-1:] }}|{{ none[1:] }}|{{ 'esc\\141\\101\\0x' | length }}|{{ 'o\\101k' }}",
+    "{{ ['a', 'A', 'c', 'b', 'C'] | sort(reverse=true) }} {{ users | sort(attribute='nope', reverse=true) | map(attribute='age') | list }} {{ {'b': 1, 'a': 2} | dictsort(reverse=true) }}",
     "{{ 'straße' | upper }} {{ 'ΑΒΓ δ' | lower }} {{ 'привет мир' | title }} {{ 'élan vital' | capitalize }} {{ 'Ñandú' | upper }} {{ 'ÀÉÎÕÜ' | lower }}",
 ]
 
