@@ -789,7 +789,19 @@ static bool percent_format(rctx *c, const jnode *at, const jstr *fmt, jval args,
             }
             v = av[ai++];
         }
-        char tmp[512];
+        // widths and precisions beyond these are refused: they only serve to blow up the output
+        {
+            long wd = 0, pr = 0;
+            const char *q = spec + 1;
+            while (*q && strchr("-+ 0#", *q)) q++;
+            wd = strtol(q, (char **)&q, 10);
+            if (*q == '.') pr = strtol(q + 1, NULL, 10);
+            if (wd > 4000 || pr > 400) {
+                ok = fail(c, at, ST_ERR_RANGE, "format width or precision too large in '%s%c'", spec, conv);
+                break;
+            }
+        }
+        char tmp[4600];
         if (conv == 's' || conv == 'r' || conv == 'a' || conv == 'c') {
             jbuf sb = {0};
             if (conv == 'c' && (v.t == JV_INT || v.t == JV_BOOL)) {
@@ -830,7 +842,7 @@ static bool percent_format(rctx *c, const jnode *at, const jstr *fmt, jval args,
             if (conv == 'x' || conv == 'X' || conv == 'o') {
                 // Python prints the sign before the digits: -0x1f as -1f
                 spec[k++] = 'l', spec[k++] = 'l', spec[k++] = conv, spec[k] = 0;
-                char digits[80];
+                char digits[4200];
                 snprintf(digits, sizeof digits, spec, (unsigned long long)(x < 0 ? -(uint64_t)x : (uint64_t)x));
                 snprintf(tmp, sizeof tmp, "%s%s", x < 0 ? "-" : "", digits);
             } else {
