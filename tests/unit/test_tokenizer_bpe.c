@@ -265,6 +265,8 @@ static void test_gguf_matches_json(void **state) {
     assert_int_equal(st_gguf_writer_add_str_arr(w, "tokenizer.ggml.merges",
                                                 (const char *const *)merges, (uint64_t)n_merge), ST_OK);
     assert_int_equal(st_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)(n - 1)), ST_OK);
+    assert_int_equal(st_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)n_tok), ST_OK);
+    assert_int_equal(st_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", true), ST_OK);
     char path[128];
     snprintf(path, sizeof path, "%s/tok.gguf", tmpdir);
     assert_int_equal(st_gguf_writer_write(w, path), ST_OK);
@@ -277,6 +279,20 @@ static void test_gguf_matches_json(void **state) {
     st_gguf_free(g);
     unlink(path);
     assert_int_equal(st_tokenizer_eos(tg), n - 1);
+    assert_int_equal(st_tokenizer_bos(tg), n_tok);
+    assert_true(st_tokenizer_add_bos(tg));
+    {   // BOS only when asked for, and only because the metadata says so
+        int32_t a[16];
+        size_t na;
+        tokens_of(tg, "ab", ST_TOKENIZE_ADD_BOS, a, &na);
+        assert_true(na >= 2);
+        assert_int_equal(a[0], n_tok);
+        assert_int_not_equal(a[na - 1], n - 1); // add_eos_token is absent: no EOS
+        tokens_of(tg, "ab", 0, a, &na);
+        assert_int_not_equal(a[0], n_tok);
+        tokens_of(tj, "ab", ST_TOKENIZE_ADD_BOS, a, &na); // the JSON has no tokenizer_config
+        assert_int_not_equal(a[0], n_tok);
+    }
     assert_int_equal(st_tokenizer_n_vocab(tg), n);
     const char *texts[] = {"abcabcdeed  ee\n\n<|ctl|>x<u>v caf\xc3\xa9 12345 'll!!", "",
                            "deadbeef <|end|> a\xff\xfe b", "   \t\t\r\n"};
