@@ -325,6 +325,8 @@ def load_checkpoint(d: Path, device) -> TinyCoder:
     for k in ("architectures", "model_type", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
               "torch_dtype", "dtype", "transformers_version"):
         cfgd.pop(k, None)
+    if torch.device(device).type == "cpu":     # transformers' grouped_mm experts crawl on CPUs
+        cfgd["experts_implementation"] = "eager"
     cfg = Qwen3NextConfig(**cfgd)
     cfg._attn_implementation = "sdpa"
     tc = TinyCoder(cfg)
@@ -368,6 +370,8 @@ def window_ppl(tc: TinyCoder, ids: list[int], ctx: int, device, amp) -> tuple[fl
         lp = torch.log_softmax(logits[:-1], -1)
         nll -= lp.gather(1, x[0, 1:, None]).sum().item()
         n += len(w) - 1
+        if (s // ctx) % 10 == 9:
+            log(f"  perplexity: {s + len(w)}/{len(ids)} tokens, so far {math.exp(nll / n):.4f}")
     return math.exp(nll / max(n, 1)), n
 
 
@@ -491,9 +495,9 @@ def write_profile(path: Path, counts: np.ndarray):
         f.write(counts.astype("<u8").tobytes())
 
 
-def evaluate(tc: TinyCoder, tok, val, p: dict, out: Path, device, amp, seed: int) -> dict:
+def evaluate(tc: TinyCoder, tok, val, p: dict, out: Path, device, amp, seed: int, ppl_only=False) -> dict:
     res: dict = {}
-    for part in (eval_ppl, eval_mtp_and_routing, eval_headers):
+    for part in (eval_ppl,) if ppl_only else (eval_ppl, eval_mtp_and_routing, eval_headers):
         try:
             res.update(part(tc, tok, val, p, out, device, amp, seed))
         except Exception as e:                 # keep the other measurements (and the saved checkpoint)
@@ -573,6 +577,58 @@ def eval_headers(tc, tok, val, p, out, device, amp, seed) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The same measurements through Strata (the shipped GGUF), no PyTorch model needed
+
+
+def strata_eval_all(exe: str, gguf_path: str, tok, text: str, p: dict, out: Path, seed: int) -> dict:
+    """Greedy continuations of held-out function headers with `strata generate --temp 0` (ast share) and MTP
+    draft agreement with `strata eval --mtp-logits` on held-out windows of the training length."""
+    import subprocess
+    import tempfile
+    res: dict = {}
+    t0 = time.time()
+    heads = function_headers([("val", text)], tok, p["eval_headers"], 192, seed)
+    ok = ended_n = ok_ended = 0
+    samples = []
+    for ids_, header, _ in heads:
+        prompt = tok.decode(ids_, skip_special_tokens=False)
+        r = subprocess.run([exe, "generate", "-m", gguf_path, "-p", prompt, "-n", str(p["gen_tokens"]),
+                            "--temp", "0", "-t", "2"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"strata generate failed: {r.stderr.strip()}")
+        body, ended = cut_body(header, r.stdout)
+        good = parses(header, body)
+        ok += good
+        ended_n += ended
+        ok_ended += good and ended
+        if len(samples) < 8:
+            samples.append(dict(header=header, body=body, parses=good, ended=ended))
+    res.update(strata_ast_parse_share=ok / max(len(heads), 1), strata_ast_headers=len(heads),
+               strata_ast_ended=ended_n, strata_ast_parse_and_ended=ok_ended, strata_samples=samples)
+    log(f"strata: {ok}/{len(heads)} greedy continuations of held-out function headers parse; {ended_n} ended "
+        f"within {p['gen_tokens']} tokens, {ok_ended} of those parse [{time.time() - t0:.0f}s]")
+    ids = tok.encode(text, add_special_tokens=False).ids
+    S, V = p["seq"], tok.get_vocab_size()
+    agree = total = 0
+    with tempfile.TemporaryDirectory() as td:
+        for k in range(min(p["mtp_eval_seqs"], len(ids) // S)):
+            w = ids[k * S:(k + 1) * S]
+            lf, mf = Path(td) / "l.f32", Path(td) / "m.f32"
+            r = subprocess.run([exe, "eval", "-m", gguf_path, "--tokens", ",".join(map(str, w)), "--logits",
+                                str(lf), "--mtp-logits", str(mf), "-t", "2"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"strata eval failed: {r.stderr.strip()}")
+            main = np.fromfile(lf, "<f4").reshape(S, -1).argmax(-1)
+            draft = np.fromfile(mf, "<f4").reshape(S - 1, -1).argmax(-1)     # row t drafts token t+2
+            agree += int((draft[:-1] == main[1:S - 1]).sum())
+            total += S - 2
+    res.update(strata_mtp_agreement=agree / max(total, 1), strata_mtp_positions=total)
+    log(f"strata: MTP draft agrees with the main model's greedy next-next token {100 * agree / max(total, 1):.1f}% "
+        f"over {total} positions [{time.time() - t0:.0f}s]")
+    return res
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Training
 
 
@@ -615,7 +671,11 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a preset field, e.g. --set max_data_mb=80 (recorded in metrics.json)")
     ap.add_argument("--eval-only", help="evaluate this hf/ checkpoint (with its tokenizer) instead of training")
-    ap.add_argument("--val-text", help="with --eval-only: held-out text to evaluate on (e.g. a run's val.txt)")
+    ap.add_argument("--val-text", help="with --eval-only / --strata: held-out text to evaluate on (a run's val.txt)")
+    ap.add_argument("--ppl-only", action="store_true", help="with --eval-only: only the perplexity")
+    ap.add_argument("--strata", nargs=2, metavar=("BIN", "GGUF"),
+                    help="measure the ast share and MTP agreement of GGUF through the strata binary BIN "
+                         "(needs --val-text and --eval-only HF_DIR for the tokenizer)")
     args = ap.parse_args(argv)
     p = dict(PRESETS[args.preset])
     for kv in args.set:
@@ -639,6 +699,14 @@ def main(argv=None):
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}"
         + (f" ({torch.cuda.get_device_name(0)})" if cuda else "") + f", preset {args.preset}")
 
+    if args.strata:
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(Path(args.eval_only) / "tokenizer.json"))
+        res = strata_eval_all(args.strata[0], args.strata[1], tok, Path(args.val_text).read_text(), p, out,
+                              args.seed)
+        res.update(gguf=args.strata[1], val_text=args.val_text, params=p)
+        (out / "metrics-strata.json").write_text(json.dumps(res, indent=2))
+        return 0
     if args.eval_only and args.val_text:
         from tokenizers import Tokenizer
         src = Path(args.eval_only)
@@ -646,7 +714,7 @@ def main(argv=None):
         tc = load_checkpoint(src, device)
         text = Path(args.val_text).read_text()
         p["ppl_bytes"] = len(text.encode()) + 1
-        res = evaluate(tc, tok, [(args.val_text, text)], p, out, device, amp, args.seed)
+        res = evaluate(tc, tok, [(args.val_text, text)], p, out, device, amp, args.seed, args.ppl_only)
         res.update(val_text=args.val_text, device=str(device), params=p)
         (out / "metrics-eval.json").write_text(json.dumps(res, indent=2))
         return 0
