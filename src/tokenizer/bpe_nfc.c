@@ -48,29 +48,6 @@ int st_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     return len;
 }
 
-static int encode_utf8(uint32_t cp, char *o) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 void st_nfc_scratch_free(st_nfc_scratch *s) {
     free(s->cps);
     free(s->out);
@@ -222,7 +199,7 @@ int st_nfc(const char *text, size_t len, st_nfc_scratch *s, const char **out, si
     size_t o = 0;
     for (size_t i = 0; i < w; i++) {
         if (c[i] & ST_NFC_RAW) s->out[o++] = (char)(c[i] & 0xFF);
-        else o += (size_t)encode_utf8(c[i], s->out + o);
+        else o += (size_t)st_utf8_encode(s->out + o, c[i]);
     }
     *out = s->out;
     *out_len = o;

@@ -131,7 +131,6 @@ void jb_free(jbuf *b);
 
 // UTF-8: decodes one code point at s[*i] (advancing *i); invalid bytes decode as U+FFFD.
 uint32_t utf8_next(const char *s, size_t n, size_t *i);
-int utf8_put(char *out, uint32_t cp); // bytes written (1-4)
 
 // Values can nest (lists in dicts in lists...); printing and comparing recurse, so nesting is
 // bounded to keep the C stack safe whatever a template builds.

@@ -115,7 +115,7 @@ static jstr *unescape(parser *p, const char *s, size_t n, int line, int col) {
             uint32_t cp = (uint32_t)(e - '0'); // octal: up to three digits, as Python reads them
             for (int k = 0; k < 2 && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '7'; k++)
                 cp = cp * 8 + (uint32_t)(s[++i] - '0');
-            o += (size_t)utf8_put(buf + o, cp);
+            o += (size_t)st_utf8_encode(buf + o, cp);
             break;
         }
         case 'a': buf[o++] = '\a'; break;

@@ -400,7 +400,7 @@ static jval ascii_case(rctx *c, const jstr *s, int mode) {
             if (m == cp) jb_put(&b, s->s + st, i - st); // unchanged: keep the bytes as they were
             else {
                 char enc[4];
-                jb_put(&b, enc, (size_t)utf8_put(enc, m));
+                jb_put(&b, enc, (size_t)st_utf8_encode(enc, m));
             }
         }
         if (mode == 3) start = !is_cased(cp);
@@ -806,7 +806,7 @@ static bool percent_format(rctx *c, const jnode *at, const jstr *fmt, jval args,
             jbuf sb = {0};
             if (conv == 'c' && (v.t == JV_INT || v.t == JV_BOOL)) {
                 char enc[4];
-                jb_put(&sb, enc, (size_t)utf8_put(enc, (uint32_t)inum(v) & 0x1FFFFF));
+                jb_put(&sb, enc, (size_t)st_utf8_encode(enc, (uint32_t)inum(v) & 0x1FFFFF));
             } else if (conv == 'r' || conv == 'a') jv_write_repr(&sb, v);
             else jv_write_str(&sb, v);
             // width/precision count characters; '-' pads on the right

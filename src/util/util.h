@@ -69,6 +69,12 @@ size_t st_ram_available(void);            // bytes of RAM available now (MemAvai
 st_status st_read_file(const char *path, char **data, size_t *size);
 
 // ---------------------------------------------------------------------------------------------
+// UTF-8
+
+// Writes code point cp (< 0x110000) to out as 1-4 bytes; returns the count.
+int st_utf8_encode(char *out, uint32_t cp);
+
+// ---------------------------------------------------------------------------------------------
 // Time
 
 double st_time_s(void);  // monotonic seconds
