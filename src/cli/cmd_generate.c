@@ -14,6 +14,8 @@
 #include "cli/cli.h"
 #include "strata.h"
 
+// The embedded default model, looked up in the current folder, then beside the binary's
+// repository (build/strata -> ../models/), so it is found from anywhere.
 #define DEFAULT_MODEL "models/tiny-coder.gguf"
 
 // Options shared by generate, chat and perplexity.
@@ -133,8 +135,22 @@ static int parse_opt(int argc, char **argv, int *i, gen_opts *o) {
     return 0;
 }
 
+static const char *default_model(void) {
+    static char path[4096];
+    if (access(DEFAULT_MODEL, R_OK) == 0) return DEFAULT_MODEL;
+    char exe[4000];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return DEFAULT_MODEL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return DEFAULT_MODEL;
+    *slash = 0;
+    snprintf(path, sizeof path, "%s/../%s", exe, DEFAULT_MODEL);
+    return access(path, R_OK) == 0 ? path : DEFAULT_MODEL;
+}
+
 static gen_opts opts_default(void) {
-    return (gen_opts){.model = DEFAULT_MODEL, .n_predict = 256, .batch = 512, .kv = "f16",
+    return (gen_opts){.model = default_model(), .n_predict = 256, .batch = 512, .kv = "f16",
                       .sampling = strata_sampling_default()};
 }
 
@@ -147,7 +163,7 @@ static int open_all(const gen_opts *o, int min_ctx, strata_model **m, strata_ses
     }
     if (access(o->model, R_OK) != 0) {
         fprintf(stderr, "strata: model '%s': %s%s\n", o->model, strerror(errno),
-                strcmp(o->model, DEFAULT_MODEL) ? "" : " (the embedded default model is not built yet: pass -m FILE)");
+                strstr(o->model, DEFAULT_MODEL) ? " (the embedded default model ships in the repository's models/: pass -m FILE)" : "");
         return 1;
     }
     strata_model_params mp = {.path = o->model, .n_threads = (int)o->threads};

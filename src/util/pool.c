@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,10 @@ static uint32_t spin_while_equal(_Atomic uint32_t *addr, uint32_t value) {
             if (v != value) return v;
         }
         if (now_ns() > until) return v;
+        // Let another thread run: when the machine has more runnable threads than cores, the
+        // one we wait for may be waiting for this core, and pure spinning would cost it a
+        // whole time slice (measured: 10x slower decode on 2 loaded cores). Costs ~0.3 us.
+        sched_yield();
     }
 }
 
