@@ -125,40 +125,70 @@ static void kv_read(const st_kv_layer *kv, const void *base, int t, int h, float
     st_dequantize(ty, row + off, out, kv->head_dim);
 }
 
+// Work unit: one KV head and a block of query rows, so each cache row is converted to f32 once
+// per tile for all the query heads that share it (GQA) and all rows of the block.
+#define ATTN_TILE 128 // cache positions converted at a time (bounds the scratch for any context)
+#define ATTN_ROWS 8   // query rows per task
+
 typedef struct attn_job {
     const st_attn_args *a;
+    float *scratch;       // per thread: K tile, V tile, then (rows, group) x [m, l, acc[d]]
+    size_t per_thread;    // floats
+    int n_blocks;
 } attn_job;
 
-// One (row, head) pair per task, with an online softmax so no score buffer is needed.
+// Online softmax over the cache, tile by tile: no score buffer whatever the context length.
 static void attn_worker(void *ctx, int ith, int nth) {
-    const st_attn_args *a = ((attn_job *)ctx)->a;
+    const attn_job *job = ctx;
+    const st_attn_args *a = job->a;
     const st_kv_layer *kv = a->kv;
-    int d = kv->head_dim, group = a->n_head / kv->n_head_kv;
-    float kr[512], vr[512], acc[512];
-    ST_ASSERT(d <= 512);
-    for (int task = ith; task < a->n * a->n_head; task += nth) {
-        int i = task / a->n_head, h = task % a->n_head, hk = h / group;
-        const float *q = a->q + ((size_t)i * a->n_head + h) * d;
-        float m = -INFINITY, l = 0;
-        for (int j = 0; j < d; j++) acc[j] = 0;
-        for (int t = 0; t <= a->pos0 + i; t++) {
-            kv_read(kv, kv->k, t, hk, kr);
-            float s = 0;
-            for (int j = 0; j < d; j++) s += q[j] * kr[j];
-            s *= a->scale;
-            kv_read(kv, kv->v, t, hk, vr);
-            if (s > m) {
-                float c = expf(m - s);
-                l *= c;
-                for (int j = 0; j < d; j++) acc[j] *= c;
-                m = s;
-            }
-            float p = expf(s - m);
-            l += p;
-            for (int j = 0; j < d; j++) acc[j] += p * vr[j];
+    int d = kv->head_dim, G = a->n_head / kv->n_head_kv, H = a->n_head;
+    float *kt = job->scratch + (size_t)ith * job->per_thread, *vt = kt + ATTN_TILE * d, *st = vt + ATTN_TILE * d;
+    for (int task = ith; task < kv->n_head_kv * job->n_blocks; task += nth) {
+        int hk = task % kv->n_head_kv, r0 = task / kv->n_head_kv * ATTN_ROWS;
+        int nr = a->n - r0 < ATTN_ROWS ? a->n - r0 : ATTN_ROWS, end = a->pos0 + r0 + nr;
+        for (int x = 0; x < nr * G; x++) {
+            float *S = st + (size_t)x * (d + 2);
+            S[0] = -INFINITY, S[1] = 0;
+            memset(S + 2, 0, sizeof(float) * d);
         }
-        float *o = a->out + ((size_t)i * a->n_head + h) * d;
-        for (int j = 0; j < d; j++) o[j] = acc[j] / l;
+        for (int t0 = 0; t0 < end; t0 += ATTN_TILE) {
+            int tn = end - t0 < ATTN_TILE ? end - t0 : ATTN_TILE;
+            for (int t = 0; t < tn; t++) {
+                kv_read(kv, kv->k, t0 + t, hk, kt + (size_t)t * d);
+                kv_read(kv, kv->v, t0 + t, hk, vt + (size_t)t * d);
+            }
+            for (int r = 0; r < nr; r++) {
+                int seen = a->pos0 + r0 + r - t0 + 1; // this row attends to positions <= its own
+                int tmax = seen < tn ? seen : tn;
+                for (int g = 0; g < G && tmax > 0; g++) {
+                    const float *q = a->q + ((size_t)(r0 + r) * H + hk * G + g) * d;
+                    float *S = st + (size_t)(r * G + g) * (d + 2), *acc = S + 2, m = S[0], l = S[1];
+                    for (int t = 0; t < tmax; t++) {
+                        const float *k = kt + (size_t)t * d, *v = vt + (size_t)t * d;
+                        float s = 0;
+                        for (int j = 0; j < d; j++) s += q[j] * k[j];
+                        s *= a->scale;
+                        if (s > m) {
+                            float c = expf(m - s);
+                            l *= c;
+                            for (int j = 0; j < d; j++) acc[j] *= c;
+                            m = s;
+                        }
+                        float p = expf(s - m);
+                        l += p;
+                        for (int j = 0; j < d; j++) acc[j] += p * v[j];
+                    }
+                    S[0] = m, S[1] = l;
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int g = 0; g < G; g++) {
+                const float *S = st + (size_t)(r * G + g) * (d + 2);
+                float *o = a->out + ((size_t)(r0 + r) * H + hk * G + g) * d;
+                for (int j = 0; j < d; j++) o[j] = S[2 + j] / S[1];
+            }
     }
 }
 
@@ -172,7 +202,10 @@ static void cpu_attention(st_backend *b, const st_attn_args *a) {
         st_quantize(ty, a->k + (size_t)i * nv, (char *)kv->k + off, nv);
         st_quantize(ty, a->v + (size_t)i * nv, (char *)kv->v + off, nv);
     }
-    attn_job job = {a};
+    int d = kv->head_dim, G = a->n_head / kv->n_head_kv, nth = st_pool_size(b->pool);
+    attn_job job = {.a = a, .n_blocks = (a->n + ATTN_ROWS - 1) / ATTN_ROWS,
+                    .per_thread = (size_t)2 * ATTN_TILE * d + (size_t)ATTN_ROWS * G * (d + 2)};
+    job.scratch = scratch_get(b, sizeof(float) * job.per_thread * (nth > 0 ? nth : 1));
     st_pool_run(b->pool, attn_worker, &job);
 }
 
