@@ -51,9 +51,11 @@ done
 
 say "== integration tests"
 if python3 -c 'import pytest, gguf' 2>/dev/null; then
+  # test_convert needs torch and transformers, which this machine has (CI does not): the
+  # converter against transformers and the tiny-coder training smoke test run here.
   STRATA_BIN="$PWD/$B/strata" python3 -m pytest -q -p no:cacheprovider tests/integration/test_forward.py \
-    tests/integration/test_quant_parity.py >"$OUT/pytest.log" 2>&1 && r=pass || r=FAIL
-  row "pytest forward + quant parity" "$r" "$(tail -1 "$OUT/pytest.log")"
+    tests/integration/test_quant_parity.py tests/integration/test_convert.py >"$OUT/pytest.log" 2>&1 && r=pass || r=FAIL
+  row "pytest forward, quant parity, convert" "$r" "$(tail -1 "$OUT/pytest.log")"
 else
   row "pytest" skipped "pytest or gguf missing"
 fi
