@@ -125,6 +125,25 @@ static void kv_read(const st_kv_layer *kv, const void *base, int t, int h, float
     st_dequantize(ty, row + off, out, kv->head_dim);
 }
 
+// Eight partial sums: independent chains the CPU overlaps, and which the compiler turns into
+// two SIMD accumulators (the order differs from a plain loop only by float rounding).
+static float dot(const float *restrict x, const float *restrict y, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += x[i + j] * y[i + j];
+    for (; i < n; i++) s[0] += x[i] * y[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// y (n) += a · x, in blocks of eight the compiler vectorizes
+static void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) y[i + j] += a * x[i + j];
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
 // Work unit: one KV head and a block of query rows, so each cache row is converted to f32 once
 // per tile for all the query heads that share it (GQA) and all rows of the block.
 #define ATTN_TILE 128 // cache positions converted at a time (bounds the scratch for any context)
@@ -166,9 +185,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
                     float *S = st + (size_t)(r * G + g) * (d + 2), *acc = S + 2, m = S[0], l = S[1];
                     for (int t = 0; t < tmax; t++) {
                         const float *k = kt + (size_t)t * d, *v = vt + (size_t)t * d;
-                        float s = 0;
-                        for (int j = 0; j < d; j++) s += q[j] * k[j];
-                        s *= a->scale;
+                        float s = dot(q, k, d) * a->scale;
                         if (s > m) {
                             float c = expf(m - s);
                             l *= c;
@@ -177,7 +194,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
                         }
                         float p = expf(s - m);
                         l += p;
-                        for (int j = 0; j < d; j++) acc[j] += p * v[j];
+                        axpy(acc, p, v, d);
                     }
                     S[0] = m, S[1] = l;
                 }
@@ -235,24 +252,6 @@ static void cpu_conv(st_backend *b, const st_conv_args *a) {
     }
 }
 
-// Eight partial sums: independent chains the CPU overlaps, and which the compiler turns into
-// two SIMD accumulators (the order differs from a plain loop only by float rounding).
-static float dot(const float *restrict x, const float *restrict y, int n) {
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += x[i + j] * y[i + j];
-    for (; i < n; i++) s[0] += x[i] * y[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-// y (n) += a · x, in blocks of eight the compiler vectorizes
-static void axpy(float *restrict y, float a, const float *restrict x, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) y[i + j] += a * x[i + j];
-    for (; i < n; i++) y[i] += a * x[i];
-}
 
 // y (n) *= a
 static void scale(float *y, float a, int n) {
