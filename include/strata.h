@@ -21,12 +21,20 @@ typedef struct strata_session strata_session;
 typedef struct strata_model_params {
     const char *path;   // GGUF file (any shard of a split model)
     int n_threads;      // CPU threads; 0 = all cores
+    // Where the model runs: NULL or "auto" (the first usable GPU when the model fits on it,
+    // else the CPU, saying why), "cpu", or a GPU index ("0", "1", ...: that GPU or an error).
+    // The environment variable STRATA_GPU gives the default when this is NULL.
+    const char *gpu;
+    int vram_reserve_mib;   // VRAM left free on the GPU; 0 = the default (STRATA_VRAM_RESERVE_MIB)
 } strata_model_params;
+#define STRATA_VRAM_RESERVE_MIB 384
 
 typedef struct strata_model_info {
     const char *arch;   // "qwen3moe" / "qwen3next"
     int n_vocab, n_embd, n_layer, n_ctx_train, n_expert, n_expert_used;
     bool has_mtp;
+    const char *backend;        // "cpu" or "cuda"
+    int gpu;                    // the GPU's index, -1 on the CPU
     uint64_t file_bytes;        // the GGUF's size (all shards)
     uint64_t decode_bytes;      // weight bytes one decoded token reads (dense + k experts a layer + head)
 } strata_model_info;
@@ -130,6 +138,38 @@ typedef struct strata_generate_stats {
 strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_prompt,
                               const strata_generate_params *p, strata_text_fn on_text, void *ctx,
                               strata_generate_stats *stats);
+
+// ---------------------------------------------------------------------------------------------
+// Step-wise generation (src/engine/step.c), for a caller that interleaves several sessions on one
+// thread (the server): sessions of one model share its backend and CPU pool, so their forwards
+// must never overlap; each call below does one bounded piece of work.
+
+// One generation, advanced a step at a time: strata_generate's loop cut into steps.
+typedef struct strata_step strata_step;
+
+typedef struct strata_step_params {
+    strata_generate_params gen;  // the stop strings are copied
+    int prompt_chunk;            // prompt tokens per step; <= 0: 512
+    int checkpoint;              // a prompt offset where a chunk ends, so the caller can save the
+                                 // session there (strata_step_prompt_read() == checkpoint); 0: none
+} strata_step_params;
+
+// Starts reading prompt[0..n_prompt) after what the session holds (nothing runs yet). The
+// penalties see the session's whole token record, as if the prompt had been read in one go.
+strata_status strata_step_begin(strata_session *s, const int32_t *prompt, int n_prompt,
+                                const strata_step_params *p, strata_step **out);
+// Runs one step: the next prompt chunk, or one generated token (its final text goes through
+// on_text, which returns false to stop). *done turns true when the generation ended; the stats
+// are then complete (stop_reason "error" after a failed step). Calling again after done does
+// nothing.
+strata_status strata_step_next(strata_step *g, strata_text_fn on_text, void *ctx, bool *done);
+// Prompt tokens read so far (of stats.n_prompt), for progress reports.
+int strata_step_prompt_read(const strata_step *g);
+void strata_step_stats(const strata_step *g, strata_generate_stats *stats);
+void strata_step_free(strata_step *g);
+
+// True for tokens that end a generation (end of text, end of turn).
+bool strata_token_is_eog(const strata_model *m, int32_t token);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
-// backend: the op interface the model forwards are written over, and the CPU backend. Ops work
-// on rows of float activations held in the backend's memory; weights are matrices in any ggml
-// type. A CUDA backend fills the same table; cpu.c is the reference every other one is tested
-// against.
+// backend: the op interface the model forwards are written over, the CPU backend and the CUDA
+// backend. Ops work on rows of float activations held in the backend's memory; weights are
+// matrices in any ggml type. cpu.c is the reference every other backend is tested against;
+// cuda/ fills the same table on an NVIDIA GPU.
 #pragma once
 
 #include <stdbool.h>
@@ -45,8 +45,11 @@ typedef struct st_kv_layer {
 
 // Causal attention for n new rows at positions pos0 .. pos0+n-1: stores k and v in the cache,
 // then each query row attends to cache rows 0 .. its own position. out = softmax(q·kᵀ·scale)·v.
+// pos0 is also in backend memory at *pos_dev: a backend that replays recorded work (CUDA
+// graphs) reads it there, so one recording serves every position.
 typedef struct st_attn_args {
     st_kv_layer *kv;
+    const int32_t *pos_dev; // (1) pos0, backend memory
     const float *q;    // (n, n_head, head_dim)
     const float *k;    // (n, n_head_kv, head_dim)
     const float *v;    // (n, n_head_kv, head_dim)
@@ -85,12 +88,46 @@ typedef struct st_conv_args {
     int n, channels, kernel;
 } st_conv_args;
 
+// The routed experts of one layer (the experts module computes host-placed experts on the CPU
+// pool; a backend whose memory holds the experts computes them with its moe op).
+typedef struct st_moe_args {
+    int layer;
+    const st_mat3 *gate, *up, *down; // (F, d), (F, d), (d, F) per expert
+    const float *x;                  // (n, d) normed input
+    const int32_t *ids;              // (n, k) chosen experts
+    const float *weights;            // (n, k) their weights
+    int n, k;
+    float *y;                        // (n, d) output (overwritten)
+} st_moe_args;
+
 typedef struct st_backend st_backend;
+
+// Windows of at most this many rows (decode, verify) may be recorded and replayed; larger
+// calls (prompt chunks) always run as they come.
+#define ST_GRAPH_ROWS 16
+
+// Work a backend may record once and replay (a CUDA graph of a decode step): see run.
+typedef st_status (*st_work_fn)(void *ctx);
 
 typedef struct st_backend_ops {
     const char *name;
+    // Backend memory is host memory (the CPU): weights are used in place, never uploaded.
+    bool host_memory;
+    void (*destroy)(st_backend *b);
     void *(*alloc)(st_backend *b, size_t bytes);  // NULL + st_error on failure
     void (*free)(st_backend *b, void *p);
+    // A copy of host bytes in backend memory (weights); NULL + st_error on failure. Only for
+    // backends without host_memory; freed with free.
+    void *(*upload)(st_backend *b, const void *host, size_t bytes);
+    // Waits for queued work; returns the first error since the last sync (ops are void: a
+    // device fault is kept and reported here).
+    st_status (*sync)(st_backend *b);
+    // Runs fn(ctx), whose ops only ever see the same pointers and sizes for a given *slot: a
+    // backend may record the work the first times and replay the recording later (fn is then
+    // not called). *slot (NULL at first) holds the recording; release it with graph_free. The
+    // host values fn's ops read must come from backend memory (positions: pos_dev, pos ids).
+    st_status (*run)(st_backend *b, void **slot, st_work_fn fn, void *ctx);
+    void (*graph_free)(st_backend *b, void *graph);
     void (*zero)(st_backend *b, void *p, size_t bytes);
     size_t (*mem_free)(st_backend *b);           // bytes the backend can still allocate; 0 = unknown
     // y (n, w.rows) = x (n, w.cols) · wᵀ
@@ -134,6 +171,17 @@ typedef struct st_backend_ops {
     void (*copy_cols)(st_backend *b, const float *x, int64_t ldx, int64_t x_from, float *y,
                       int64_t ldy, int64_t y_from, int n, int64_t w);
     void (*copy)(st_backend *b, float *dst, const float *src, int64_t n);
+    // Router: softmax over E logits per row, the k largest (ties: lower id first), weights
+    // renormalized over the chosen k. logits (n, E) -> ids (n, k), weights (n, k).
+    void (*moe_route)(st_backend *b, const float *logits, int n, int n_expert, int k, int32_t *ids,
+                      float *weights);
+    // The routed-expert FFN with every expert of the layer in backend memory:
+    // y[i] = Σ_j weights[i][j] · down_e(silu(gate_e(x_i)) · up_e(x_i)), e = ids[i][j]. NULL on
+    // backends whose experts the experts module computes (the CPU).
+    void (*moe)(st_backend *b, const st_moe_args *a);
+    // ids[i] = the index of the largest of row i of x (n, d); the first on ties. ids is
+    // backend memory.
+    void (*argmax)(st_backend *b, const float *x, int n, int d, int32_t *ids);
     // Host <-> backend copies (identity copies on the CPU).
     void (*to_host)(st_backend *b, void *host, const void *src, size_t bytes);
     void (*from_host)(st_backend *b, void *dst, const void *host, size_t bytes);
@@ -149,6 +197,34 @@ struct st_backend {
 // The CPU backend: n_threads workers (including the caller).
 st_status st_backend_cpu_create(int n_threads, st_backend **out);
 void st_backend_free(st_backend *b);
+
+// The router's math on host memory (the CPU backend's moe_route).
+void st_moe_route(const float *logits, int n, int n_expert, int k, int32_t *ids, float *weights);
+
+// ---------------------------------------------------------------------------------------------
+// CUDA (cuda/). Built when nvcc is found; without it st_cuda_available() is false and the
+// create call fails with a message saying so.
+
+typedef struct st_gpu_info {
+    int index;
+    char name[256];
+    size_t vram_total, vram_free;
+    int cc_major, cc_minor, sm_count, clock_mhz;
+    int pcie_gen, pcie_width;     // 0 when unknown
+    bool usable;                  // compute capability >= 7.5
+    char why[160];                // why not, when !usable
+} st_gpu_info;
+
+bool st_cuda_available(void);     // compiled in
+// Lists the GPUs (up to max); *n = how many. A machine with no driver or no GPU gives *n = 0 and
+// ST_OK, with the reason in *why (may be NULL).
+st_status st_cuda_devices(st_gpu_info *out, int max, int *n, char *why, size_t why_len);
+// GPU `device`'s memory bandwidth as a large device-to-device copy measures it: bytes read plus
+// bytes written per second, in GB/s (the bound decode speeds are compared with); 0 on failure.
+double st_cuda_copy_gbs(int device);
+// A CUDA backend on GPU `device`, keeping reserve_bytes of VRAM free; n_threads CPU workers
+// for the pool (experts the GPU does not hold).
+st_status st_backend_cuda_create(int device, size_t reserve_bytes, int n_threads, st_backend **out);
 
 // Bytes one KV row (n_head_kv * head_dim values) takes in a cache of this type.
 size_t st_kv_row_bytes(st_kv_type type, int n_values);

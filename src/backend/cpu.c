@@ -470,8 +470,79 @@ static void cpu_bytes_copy(st_backend *b, void *dst, const void *src, size_t byt
     memmove(dst, src, bytes);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Router, argmax, and the work hooks (the CPU runs everything as it comes)
+
+void st_moe_route(const float *logits, int n, int n_expert, int k, int32_t *ids, float *weights) {
+    for (int i = 0; i < n; i++) {
+        const float *l = logits + (size_t)i * n_expert;
+        float mx = -INFINITY;
+        for (int e = 0; e < n_expert; e++) mx = l[e] > mx ? l[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < n_expert; e++) sum += exp((double)l[e] - mx);
+        // top-k by repeated selection over the logits (softmax is monotonic); k is small.
+        int32_t *id = ids + (size_t)i * k;
+        float *w = weights + (size_t)i * k;
+        double wsum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < n_expert; e++) {
+                bool taken = false;
+                for (int q = 0; q < j; q++) taken |= id[q] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            id[j] = best;
+            w[j] = (float)(exp((double)l[best] - mx) / sum);
+            wsum += w[j];
+        }
+        if (wsum < 6.1e-5) wsum = 6.1e-5; // llama.cpp's clamp; unreachable with softmax weights
+        for (int j = 0; j < k; j++) w[j] = (float)(w[j] / wsum);
+    }
+}
+
+static void cpu_moe_route(st_backend *b, const float *logits, int n, int n_expert, int k, int32_t *ids,
+                          float *weights) {
+    (void)b;
+    st_moe_route(logits, n, n_expert, k, ids, weights);
+}
+
+static void cpu_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        const float *r = x + (size_t)i * d;
+        int best = 0;
+        for (int j = 1; j < d; j++) best = r[j] > r[best] ? j : best;
+        ids[i] = best;
+    }
+}
+
+static st_status cpu_sync(st_backend *b) {
+    (void)b;
+    return ST_OK;
+}
+
+static st_status cpu_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
+    (void)b, (void)slot;
+    return fn(ctx);
+}
+
+static void cpu_graph_free(st_backend *b, void *graph) { (void)b, (void)graph; }
+
+static void cpu_destroy(st_backend *b) {
+    st_pool_free(b->pool);
+    st_free(b->scratch);
+    st_free(b);
+}
+
 static const st_backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = true,
+    .destroy = cpu_destroy,
+    .sync = cpu_sync,
+    .run = cpu_run,
+    .graph_free = cpu_graph_free,
+    .moe_route = cpu_moe_route,
+    .argmax = cpu_argmax,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,
@@ -523,8 +594,5 @@ st_status st_backend_cpu_create(int n_threads, st_backend **out) {
 }
 
 void st_backend_free(st_backend *b) {
-    if (!b) return;
-    st_pool_free(b->pool);
-    st_free(b->scratch);
-    st_free(b);
+    if (b) b->ops->destroy(b);
 }

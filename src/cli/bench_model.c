@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "cli/cli.h"
 #include "strata.h"
 
@@ -15,6 +16,7 @@ static void usage(FILE *f) {
                "bound: the machine's memory-read bandwidth / the weight bytes one decoded token reads.\n\n"
                "  -m, --model FILE   GGUF model\n"
                "  -t, --threads N    CPU threads (default: all cores)\n"
+               ST_CLI_DEVICE_HELP
                "  --prompt LIST      prompt lengths (default 512,2048; 0 to skip)\n"
                "  --decode N         decoded tokens (default 128; 0 to skip)\n"
                "  --batch N          prompt chunk (default 512)\n"
@@ -32,6 +34,7 @@ int st_bench_model(int argc, char **argv) {
     const char *model = NULL, *prompts = "512,2048", *kv = "f16", *v;
     int64_t threads = 0, decode = 128, batch = 512;
     bool bad = false;
+    strata_model_params mp = {0};
     for (int i = 1; i < argc && !bad; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -39,6 +42,7 @@ int st_bench_model(int argc, char **argv) {
         } else if (st_cli_opt(argc, argv, &i, "-m", &model, &bad) || st_cli_opt(argc, argv, &i, "--model", &model, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--prompt", &prompts, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--kv", &kv, &bad)) {
+        } else if (st_cli_device_opt(argc, argv, &i, &mp, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "-t", &v, &bad) || st_cli_opt(argc, argv, &i, "--threads", &v, &bad)) {
             bad = bad || !st_cli_int("--threads", v, 1, 1024, &threads);
         } else if (st_cli_opt(argc, argv, &i, "--decode", &v, &bad)) {
@@ -72,16 +76,22 @@ int st_bench_model(int argc, char **argv) {
     }
 
     strata_model *m = NULL;
-    strata_model_params mp = {.path = model, .n_threads = (int)threads};
+    mp.path = model;
+    mp.n_threads = (int)threads;
     if (strata_model_open(&mp, &m)) return st_cli_fail(ST_ERR_IO);
     strata_model_info info = strata_model_get_info(m);
     int nth = threads ? (int)threads : st_cpu_count();
     char commit[128];
     st_bench_commit(commit, sizeof commit);
-    double bw = st_bench_read_gbs(nth);
+    // The bound: the memory the weights are read from (the GPU's when the model runs there).
+    double bw = info.gpu >= 0 ? st_cuda_copy_gbs(info.gpu) : st_bench_read_gbs(nth);
     printf("model: %s (%s, %d layers, %d experts top-%d, %.2f GiB)\n", model, info.arch, info.n_layer,
            info.n_expert, info.n_expert_used, info.file_bytes / 1073741824.0);
-    printf("commit: %s; threads: %d; kv: %s; memory read %.1f GB/s\n", commit, nth, kv, bw);
+    if (info.gpu >= 0)
+        printf("commit: %s; backend: cuda, GPU %d; kv: %s; GPU memory copy %.0f GB/s (read + write)\n", commit,
+               info.gpu, kv, bw);
+    else
+        printf("commit: %s; backend: cpu; threads: %d; kv: %s; memory read %.1f GB/s\n", commit, nth, kv, bw);
     printf("decode reads %.1f MiB of weights per token: bound %.1f tokens/s\n\n", info.decode_bytes / 1048576.0,
            bw * 1e9 / (double)info.decode_bytes);
     printf("%-14s %8s %10s %12s\n", "test", "tokens", "seconds", "tokens/s");

@@ -30,6 +30,16 @@ int st_bench_tokenizer(int argc, char **argv); // bench_tokenizer.c: `strata ben
 typedef struct st_tokenizer st_tokenizer;
 st_status st_cli_load_tokenizer(const char *gguf_path, const char *json_path, st_tokenizer **out);
 
+// `strata devices`, and the device flags of the subcommands that run a model (cmd_devices.c):
+// --gpu auto|cpu|N and --vram-reserve-mib N into mp; true when argv[*i] was one of them.
+int st_cmd_devices(int argc, char **argv);
+typedef struct strata_model_params strata_model_params;
+bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, bool *bad);
+#define ST_CLI_DEVICE_HELP                                                                     \
+    "  --gpu auto|cpu|N       where the model runs (default auto: the first usable GPU when\n" \
+    "                         the model fits on it, else the CPU; env STRATA_GPU)\n"           \
+    "  --vram-reserve-mib N   VRAM to leave free on the GPU (default 384)\n"
+
 // Prints "strata: <message>" for a failed status and returns exit code 1.
 int st_cli_fail(st_status s);
 // "--flag" matching helpers: true when argv[*i] is `name`; then *value is the next argument

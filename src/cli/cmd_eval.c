@@ -22,6 +22,7 @@ static void usage(FILE *f) {
             "  --ctx N              context size (default: the number of tokens)\n"
             "  --kv f16|q8_0        KV cache type (default f16)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
+            ST_CLI_DEVICE_HELP
             "  --hidden FILE        also write every position's final hidden state [positions x n_embd]\n"
             "  --mtp-logits FILE    models with an MTP layer: run it on (hidden of t, token t+1) for\n"
             "                       t = 0 .. n-2 and write its draft logits [n-1 x vocabulary]\n"
@@ -73,10 +74,12 @@ int st_cmd_eval(int argc, char **argv) {
     int64_t batch = 512, ctx = 0, threads = 0, rollback = -1, chain = 0;
     const char *kv = "f16";
     bool bad = false;
+    strata_model_params mp = {0};
     for (int i = 1; i < argc && !bad; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
+        } else if (st_cli_device_opt(argc, argv, &i, &mp, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "-m", &model, &bad) || st_cli_opt(argc, argv, &i, "--model", &model, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--tokens", &tokens_text, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "--text", &text, &bad)) {
@@ -121,7 +124,8 @@ int st_cmd_eval(int argc, char **argv) {
     float *logits = NULL, *hidden = NULL, *mtp_logits = NULL, *mtp_hidden = NULL;
     strata_snapshot *snap = NULL;
     bool mtp = mtp_logits_path || mtp_hidden_path;
-    strata_model_params mp = {.path = model, .n_threads = (int)threads};
+    mp.path = model;
+    mp.n_threads = (int)threads;
     if (strata_model_open(&mp, &m)) goto fail;
     if (text && strata_tokenize(m, text, strlen(text), false, &ids, &n)) goto fail;
     if (n == 0 || rollback > n || (mtp && n < 2)) {

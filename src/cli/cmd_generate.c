@@ -27,6 +27,7 @@ typedef struct gen_opts {
     const char *stop[16];
     int n_stop;
     bool chat;
+    strata_model_params mp;     // --gpu, --vram-reserve-mib
 } gen_opts;
 
 static const char *common_help =
@@ -34,7 +35,8 @@ static const char *common_help =
     "  -t, --threads N        CPU threads (default: all cores)\n"
     "  --ctx N                context size (default: the model's, capped by memory)\n"
     "  --batch N              prompt chunk size (default 512)\n"
-    "  --kv f16|q8_0          KV cache type (default f16)\n";
+    "  --kv f16|q8_0          KV cache type (default f16)\n"
+    ST_CLI_DEVICE_HELP;
 
 static const char *sampling_help =
     "  --temp T               temperature (default 0.7; 0 = greedy)\n"
@@ -82,6 +84,8 @@ static int parse_opt(int argc, char **argv, int *i, gen_opts *o) {
     strata_sampling *s = &o->sampling;
     const char *v;
     int r;
+    bool bad = false;
+    if (st_cli_device_opt(argc, argv, i, &o->mp, &bad)) return bad ? -1 : 1;
     if ((r = opt_str(argc, argv, i, "-m", &o->model)) || (r = opt_str(argc, argv, i, "--model", &o->model)) ||
         (r = opt_str(argc, argv, i, "--kv", &o->kv)) || (r = opt_str(argc, argv, i, "-p", &o->prompt)) ||
         (r = opt_str(argc, argv, i, "--prompt", &o->prompt)) || (r = opt_str(argc, argv, i, "-f", &o->prompt_file)) ||
@@ -166,7 +170,9 @@ static int open_all(const gen_opts *o, int min_ctx, strata_model **m, strata_ses
                 strstr(o->model, DEFAULT_MODEL) ? " (the embedded default model ships in the repository's models/: pass -m FILE)" : "");
         return 1;
     }
-    strata_model_params mp = {.path = o->model, .n_threads = (int)o->threads};
+    strata_model_params mp = o->mp;
+    mp.path = o->model;
+    mp.n_threads = (int)o->threads;
     if (strata_model_open(&mp, m)) return st_cli_fail(ST_ERR_IO);
     int ctx = (int)o->ctx;
     if (ctx && ctx < min_ctx) ctx = min_ctx;

@@ -13,13 +13,15 @@ static void usage(FILE *f) {
     fprintf(f, "usage: strata perplexity -m FILE -f TEXT [--ctx N] [--batch N] [-t N]\n\n"
                "Splits the text's tokens into windows of N (default 512), runs each from an empty\n"
                "context and scores every token after the window's first: perplexity =\n"
-               "exp(mean of -log p(token | the tokens before it in its window)).\n");
+               "exp(mean of -log p(token | the tokens before it in its window)).\n\n"
+               ST_CLI_DEVICE_HELP);
 }
 
 int st_cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *v;
     int64_t ctx = 512, batch = 512, threads = 0;
     bool bad = false;
+    strata_model_params mp = {0};
     for (int i = 1; i < argc && !bad; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -30,6 +32,7 @@ int st_cmd_perplexity(int argc, char **argv) {
             bad = bad || !st_cli_int("--ctx", v, 2, 1 << 24, &ctx);
         } else if (st_cli_opt(argc, argv, &i, "--batch", &v, &bad)) {
             bad = bad || !st_cli_int("--batch", v, 1, 65536, &batch);
+        } else if (st_cli_device_opt(argc, argv, &i, &mp, &bad)) {
         } else if (st_cli_opt(argc, argv, &i, "-t", &v, &bad) || st_cli_opt(argc, argv, &i, "--threads", &v, &bad)) {
             bad = bad || !st_cli_int("--threads", v, 1, 1024, &threads);
         } else {
@@ -47,7 +50,8 @@ int st_cmd_perplexity(int argc, char **argv) {
     st_status st = st_read_file(file, &text, &len);
     if (st) return st_cli_fail(st);
     strata_model *m = NULL;
-    strata_model_params mp = {.path = model, .n_threads = (int)threads};
+    mp.path = model;
+    mp.n_threads = (int)threads;
     int32_t *ids = NULL;
     int n = 0, rc = 1;
     float *logits = NULL;

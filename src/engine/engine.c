@@ -16,6 +16,7 @@ struct strata_model {
     st_gguf *gguf;
     st_model *model;
     st_backend *backend;
+    int gpu;                      // -1: the CPU backend
     st_tokenizer *tok;            // NULL when the file has no (usable) tokenizer
     char tok_error[256];          // why, for the first call that needs it
     st_chat_template *tmpl;       // NULL when the file has no chat template
@@ -31,6 +32,46 @@ struct strata_session {
 
 const char *strata_error(void) { return st_error(); }
 
+// Picks the backend (strata_model_params.gpu) and places the weights on it.
+static st_status open_backend(strata_model *m, const strata_model_params *p, int threads) {
+    const char *gpu = p->gpu ? p->gpu : getenv("STRATA_GPU");
+    if (!gpu || !*gpu) gpu = "auto";
+    bool autopick = !strcmp(gpu, "auto");
+    m->gpu = -1;
+    if (!strcmp(gpu, "cpu")) return st_backend_cpu_create(threads, &m->backend);
+    int index = -1;
+    if (autopick) {
+        st_gpu_info gpus[16];
+        int n = 0;
+        char why[512] = "no usable GPU";
+        st_cuda_devices(gpus, 16, &n, why, sizeof why);
+        for (int i = 0; i < n && index < 0; i++)
+            if (gpus[i].usable) index = i;
+        if (index < 0) {
+            if (n > 0) snprintf(why, sizeof why, "GPU 0 (%s): %s", gpus[0].name, gpus[0].why);
+            st_log_info("running on the CPU: %s", why);
+            return st_backend_cpu_create(threads, &m->backend);
+        }
+    } else {
+        char *end;
+        long v = strtol(gpu, &end, 10);
+        if (*end || end == gpu || v < 0 || v > 1023)
+            return st_fail(ST_ERR_ARG, "--gpu '%s': expected auto, cpu or a GPU index (0, 1, ...)", gpu);
+        index = (int)v;
+    }
+    size_t reserve = (size_t)(p->vram_reserve_mib > 0 ? p->vram_reserve_mib : STRATA_VRAM_RESERVE_MIB) << 20;
+    st_status s = st_backend_cuda_create(index, reserve, threads, &m->backend);
+    if (!s) s = st_model_place(m->model, m->backend);
+    if (s && autopick) { // the model or the card is not fit: the CPU runs it, and says why
+        st_log_info("running on the CPU: %s", st_error());
+        st_backend_free(m->backend);
+        m->backend = NULL;
+        return st_backend_cpu_create(threads, &m->backend);
+    }
+    if (!s) m->gpu = index;
+    return s;
+}
+
 strata_status strata_model_open(const strata_model_params *p, strata_model **out) {
     *out = NULL;
     strata_model *m = st_calloc(1, sizeof *m);
@@ -38,7 +79,7 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     st_status s = st_gguf_open(p->path, &m->gguf);
     if (!s) s = st_model_load(m->gguf, &m->model);
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
-    if (!s) s = st_backend_cpu_create(threads, &m->backend);
+    if (!s) s = open_backend(m, p, threads);
     if (!s && st_tokenizer_load_gguf(m->gguf, &m->tok))
         snprintf(m->tok_error, sizeof m->tok_error, "%s", st_error());
     if (!s && st_chat_template_from_gguf(m->gguf, &m->tmpl))
@@ -55,8 +96,8 @@ void strata_model_close(strata_model *m) {
     if (!m) return;
     st_chat_template_free(m->tmpl);
     st_tokenizer_free(m->tok);
+    st_model_free(m->model); // before its backend: a GPU's weight copies go back through it
     st_backend_free(m->backend);
-    st_model_free(m->model);
     st_gguf_free(m->gguf);
     st_free(m);
 }
@@ -86,6 +127,7 @@ strata_model_info strata_model_get_info(const strata_model *m) {
         .arch = st_arch_name(hp->arch), .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
         .n_layer = hp->n_layer, .n_ctx_train = hp->n_ctx_train, .n_expert = hp->n_expert,
         .n_expert_used = hp->n_expert_used, .has_mtp = hp->n_mtp > 0,
+        .backend = m->backend->ops->name, .gpu = m->gpu,
         .file_bytes = st_gguf_file_bytes(m->gguf), .decode_bytes = decode_bytes(m->model),
     };
 }
@@ -94,18 +136,19 @@ strata_status strata_session_open(strata_model *m, const strata_session_params *
     *out = NULL;
     const st_hparams *hp = &m->model->hp;
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
-    if (p->n_ctx <= 0) { // the model's context, capped so the KV cache takes at most half the free RAM
+    if (p->n_ctx <= 0) { // the model's context, capped so the KV cache takes at most half the free memory
         int attn_layers = 0;
         for (int i = 0; i < hp->n_layer + hp->n_mtp; i++) attn_layers += !m->model->layers[i].recurrent;
         size_t per_pos = (size_t)attn_layers * 2 *
                          st_kv_row_bytes(p->kv_type == STRATA_KV_Q8_0 ? ST_KV_Q8_0 : ST_KV_F16,
                                          hp->n_head_kv * hp->head_dim);
-        size_t avail = st_ram_available() / 2;
+        bool host = m->backend->ops->host_memory;
+        size_t avail = (host ? st_ram_available() : m->backend->ops->mem_free(m->backend)) / 2;
         if (per_pos && avail && (size_t)n_ctx * per_pos > avail) {
             int capped = (int)(avail / per_pos);
             st_log_info("context: the model's %d positions would need %.0f MiB of KV cache; using %d "
-                        "(half the available RAM); set --ctx to choose", n_ctx,
-                        (double)n_ctx * per_pos / 1048576.0, capped);
+                        "(half the available %s); set --ctx to choose", n_ctx,
+                        (double)n_ctx * per_pos / 1048576.0, capped, host ? "RAM" : "GPU memory");
             n_ctx = capped;
         }
     }
@@ -138,6 +181,7 @@ void strata_session_close(strata_session *s) {
 }
 
 int strata_session_pos(const strata_session *s) { return st_state_pos(s->state); }
+strata_model *st_engine_session_model(const strata_session *s) { return s->m; }
 int strata_session_ctx(const strata_session *s) { return s->n_ctx; }
 
 int strata_session_tokens(const strata_session *s, const int32_t **tokens) {
@@ -225,6 +269,11 @@ void strata_snapshot_free(strata_snapshot *snap) {
 static st_status need_tokenizer(const strata_model *m) {
     if (m->tok) return ST_OK;
     return st_fail(ST_ERR_UNSUPPORTED, "%s: no usable tokenizer: %s", st_gguf_path(m->gguf), m->tok_error);
+}
+
+st_status st_engine_tokenizer(const strata_model *m, st_tokenizer **out) {
+    *out = m->tok;
+    return need_tokenizer(m);
 }
 
 strata_status strata_tokenize(const strata_model *m, const char *text, size_t len, bool special,

@@ -29,33 +29,6 @@ void st_placement_free(st_placement *p) {
     st_free(p);
 }
 
-void st_moe_route(const float *logits, int n, int n_expert, int k, int32_t *ids, float *weights) {
-    for (int i = 0; i < n; i++) {
-        const float *l = logits + (size_t)i * n_expert;
-        float mx = -INFINITY;
-        for (int e = 0; e < n_expert; e++) mx = l[e] > mx ? l[e] : mx;
-        double sum = 0;
-        for (int e = 0; e < n_expert; e++) sum += exp((double)l[e] - mx);
-        // top-k by repeated selection over the logits (softmax is monotonic); k is small.
-        int32_t *id = ids + (size_t)i * k;
-        float *w = weights + (size_t)i * k;
-        double wsum = 0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < n_expert; e++) {
-                bool taken = false;
-                for (int q = 0; q < j; q++) taken |= id[q] == e;
-                if (!taken && (best < 0 || l[e] > l[best])) best = e;
-            }
-            id[j] = best;
-            w[j] = (float)(exp((double)l[best] - mx) / sum);
-            wsum += w[j];
-        }
-        if (wsum < 6.1e-5) wsum = 6.1e-5; // llama.cpp's clamp; unreachable with softmax weights
-        for (int j = 0; j < k; j++) w[j] = (float)(w[j] / wsum);
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 
 struct st_experts {
@@ -162,7 +135,22 @@ static void run_pass(st_pool *pool, moe_pass *p, int64_t rows) {
     st_pool_run(pool, moe_pass_worker, p);
 }
 
+// Every expert of the layer has a device slot: the backend computes the layer on its own.
+static bool layer_on_device(const st_placement *p, int layer) {
+    for (int e = 0; e < p->n_expert; e++)
+        if (st_placement_get(p, layer, e) == ST_PLACE_HOST) return false;
+    return true;
+}
+
 st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a) {
+    if (b->ops->moe && layer_on_device(ex->placement, a->layer)) {
+        b->ops->moe(b, a);
+        return ST_OK;
+    }
+    if (!b->ops->host_memory)
+        return st_fail(ST_ERR_UNSUPPORTED, "layer %d: experts kept in host memory with the %s backend are not "
+                       "supported yet (the hybrid expert cache); the whole model must fit on the GPU",
+                       a->layer, b->ops->name);
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
     int n = a->n, k = a->k, d = (int)gate->cols, F = (int)gate->rows, E = (int)gate->n;
     int na = n * k;

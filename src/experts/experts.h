@@ -21,26 +21,12 @@ static inline int32_t st_placement_get(const st_placement *p, int layer, int exp
     return p->slot[(size_t)layer * p->n_expert + expert];
 }
 
-// The routed experts of one layer.
-typedef struct st_moe_args {
-    int layer;
-    const st_mat3 *gate, *up, *down; // (F, d), (F, d), (d, F) per expert
-    const float *x;                  // (n, d) normed input
-    const int32_t *ids;              // (n, k) chosen experts
-    const float *weights;            // (n, k) their weights
-    int n, k;
-    float *y;                        // (n, d) output (overwritten)
-} st_moe_args;
-
 typedef struct st_experts st_experts;
 st_status st_experts_create(const st_placement *placement, st_experts **out);
 void st_experts_free(st_experts *ex);
 // Computes the routed-expert FFN of a->n rows (host activations on the CPU path).
 st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a);
 
-// Router: softmax over E logits per row, the k largest (ties: lower id first), weights
-// renormalized over the chosen k. logits (n, E) -> ids (n, k), weights (n, k).
-void st_moe_route(const float *logits, int n, int n_expert, int k, int32_t *ids, float *weights);
 
 // Counts of routed (layer, expert) pairs since the last reset, for profiles and cache stats.
 const uint64_t *st_experts_counts(const st_experts *ex); // (n_layer, n_expert)

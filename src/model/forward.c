@@ -37,7 +37,14 @@ struct st_state {
     float *sh_s;              // (n_batch) shared expert gate logits
     int32_t *ids, *pos_ids;   // (n_batch, k), (n_batch)
     float *weights;           // (n_batch, k)
+    int32_t *tok_ids;         // (n_batch) the rows' tokens
+    int32_t *kv_pos;          // (1) the first row's cache position (graph replays read it here)
+    float *logits;            // (HEAD_ROWS, n_vocab) head output on backends without host memory
+    void *graphs[3][ST_GRAPH_ROWS + 1]; // recordings per (logits wanted: none / last / all, rows)
 };
+
+// Rows of logits a device backend computes per head call (bounds the buffer for long chunks).
+#define HEAD_ROWS 16
 
 static int conv_dim(const st_hparams *hp) { return 2 * hp->ssm_h_k * hp->ssm_d + hp->ssm_h_v * hp->ssm_d; }
 
@@ -141,6 +148,9 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     s->ids = take(s, sizeof(int32_t) * nb * K, &err);
     s->weights = take(s, sizeof(float) * nb * K, &err);
     s->pos_ids = take(s, sizeof(int32_t) * nb, &err);
+    s->tok_ids = take(s, sizeof(int32_t) * nb, &err);
+    s->kv_pos = take(s, sizeof(int32_t), &err);
+    if (!b->ops->host_memory) s->logits = take(s, sizeof(float) * HEAD_ROWS * (size_t)hp->n_vocab, &err);
     if (err) {
         st_state_free(s);
         return st_fail(ST_ERR_NOMEM, "cannot allocate activation buffers for a batch of %d rows", p->n_batch);
@@ -163,6 +173,11 @@ void st_state_free(st_state *s) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->b->ops->free(s->b, bufs[i]);
     s->b->ops->free(s->b, s->ids);
     s->b->ops->free(s->b, s->pos_ids);
+    s->b->ops->free(s->b, s->tok_ids);
+    s->b->ops->free(s->b, s->kv_pos);
+    s->b->ops->free(s->b, s->logits);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j <= ST_GRAPH_ROWS; j++) s->b->ops->graph_free(s->b, s->graphs[i][j]);
     st_free(s->kv);
     st_free(s->conv);
     st_free(s->ssm);
@@ -191,7 +206,7 @@ static void attention(st_state *s, int il, const st_layer *l, int n, int pos0) {
     OP(rmsnorm, s->k, l->k_norm, s->k, n * Hkv, hd, hp->eps);
     OP(rope, s->q, n, H, hd, hp->n_rot, s->pos_ids, hp->rope_base);
     OP(rope, s->k, n, Hkv, hd, hp->n_rot, s->pos_ids, hp->rope_base);
-    st_attn_args a = {.kv = &s->kv[il], .q = s->q, .k = s->k, .v = s->v, .out = s->att,
+    st_attn_args a = {.kv = &s->kv[il], .pos_dev = s->kv_pos, .q = s->q, .k = s->k, .v = s->v, .out = s->att,
                       .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd)};
     OP(attention, &a);
     if (gated) OP(mul_sigmoid, s->att, s->gate, (int64_t)n * H * hd);
@@ -243,7 +258,7 @@ static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     const st_hparams *hp = &s->m->hp;
     int E = hp->n_expert, K = hp->n_expert_used;
     OP(matmul, &l->router, s->xn, n, s->logits_r);
-    st_moe_route(s->logits_r, n, E, K, s->ids, s->weights);
+    OP(moe_route, s->logits_r, n, E, K, s->ids, s->weights);
     st_moe_args ma = {.layer = il, .gate = &l->gate_exps, .up = &l->up_exps, .down = &l->down_exps,
                       .x = s->xn, .ids = s->ids, .weights = s->weights, .n = n, .k = K, .y = s->y};
     ST_TRY(st_experts_compute(s->ex, s->b, &ma));
@@ -273,16 +288,47 @@ static st_status layer(st_state *s, int il, int n, int pos0) {
     return ST_OK;
 }
 
-// The final-normed rows s->xn (n) to the caller: hidden states and logits (the shared head).
-static void head(st_state *s, int n, const st_forward_out *out) {
+// Logits of rows first .. n-1 of the final-normed s->xn into dst: the caller's buffer on a
+// host-memory backend, else s->logits (at most HEAD_ROWS rows).
+static void head_logits(st_state *s, int first, int n, float *dst) {
+    OP(matmul, &s->m->output, s->xn + (size_t)first * s->m->hp.n_embd, n - first, dst);
+}
+
+// The final-normed rows s->xn (n) to the caller: hidden states and logits. On a device backend
+// logits of up to HEAD_ROWS rows may already be in s->logits (done_rows, from a recording).
+static void head(st_state *s, int n, const st_forward_out *out, bool done) {
     const st_model *m = s->m;
-    int E = m->hp.n_embd;
+    int E = m->hp.n_embd, V = m->hp.n_vocab;
     if (out && out->hidden) s->b->ops->to_host(s->b, out->hidden, s->xn, sizeof(float) * (size_t)n * E);
-    if (out && out->logits) {
-        // Into the caller's buffer (host memory on the CPU backend); n <= n_batch rows.
-        int first = out->want_all ? 0 : n - 1;
-        OP(matmul, &m->output, s->xn + (size_t)first * E, n - first, out->logits);
+    if (!out || !out->logits) return;
+    int first = out->want_all ? 0 : n - 1;
+    if (s->b->ops->host_memory) {
+        head_logits(s, first, n, out->logits);
+        return;
     }
+    for (int r = first; r < n; r += HEAD_ROWS) {
+        int e = r + HEAD_ROWS < n ? r + HEAD_ROWS : n;
+        if (!done) head_logits(s, r, e, s->logits);
+        s->b->ops->to_host(s->b, out->logits + (size_t)(r - first) * V, s->logits, sizeof(float) * (size_t)(e - r) * V);
+    }
+}
+
+// The layers of one forward call: what a device backend may record once per window size.
+typedef struct fwd_work {
+    st_state *s;
+    int n, pos0;
+    int head_first; // >= 0: also the logits of rows head_first .. n-1 into s->logits
+} fwd_work;
+
+static st_status forward_work(void *ctx) {
+    fwd_work *w = ctx;
+    st_state *s = w->s;
+    const st_hparams *hp = &s->m->hp;
+    OP(get_rows, &s->m->tok_embd, s->tok_ids, w->n, s->x);
+    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, w->n, w->pos0));
+    OP(rmsnorm, s->x, s->m->output_norm, s->xn, w->n, hp->n_embd, hp->eps);
+    if (w->head_first >= 0) head_logits(s, w->head_first, w->n, s->logits);
+    return ST_OK;
 }
 
 st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens, int n,
@@ -300,11 +346,17 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     int32_t pos_host[n];
     for (int i = 0; i < n; i++) pos_host[i] = s->pos + i;
     s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
+    s->b->ops->from_host(s->b, s->kv_pos, pos_host, sizeof(int32_t));
+    s->b->ops->from_host(s->b, s->tok_ids, tokens, sizeof(int32_t) * n);
 
-    OP(get_rows, &m->tok_embd, tokens, n, s->x);
-    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, n, s->pos));
-    OP(rmsnorm, s->x, m->output_norm, s->xn, n, hp->n_embd, hp->eps);
-    head(s, n, out);
+    // Windows of a few rows may be recorded and replayed (with their logits on a device).
+    bool logits = out && out->logits;
+    int mode = !logits ? 0 : out->want_all ? 2 : 1;
+    bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory;
+    fwd_work w = {.s = s, .n = n, .pos0 = s->pos, .head_first = small && logits ? (mode == 2 ? 0 : n - 1) : -1};
+    ST_TRY(small ? s->b->ops->run(s->b, &s->graphs[mode][n], forward_work, &w) : forward_work(&w));
+    head(s, n, out, small);
+    ST_TRY(s->b->ops->sync(s->b));
     s->pos += n;
     return ST_OK;
 }
@@ -330,9 +382,11 @@ st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hid
     int32_t pos_host[n];
     for (int i = 0; i < n; i++) pos_host[i] = pos + i + 1; // REFERENCE §3.3: position t+1
     s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
+    s->b->ops->from_host(s->b, s->kv_pos, &pos, sizeof(int32_t));
+    s->b->ops->from_host(s->b, s->tok_ids, tokens, sizeof(int32_t) * n);
 
     // u = eh_proj [norm(embed(token)), norm(hidden)], then the MTP decoder layer.
-    OP(get_rows, &m->tok_embd, tokens, n, s->y);
+    OP(get_rows, &m->tok_embd, s->tok_ids, n, s->y);
     OP(rmsnorm, s->y, l->mtp_enorm, s->y, n, E, hp->eps);
     s->b->ops->from_host(s->b, s->x, hidden, sizeof(float) * (size_t)n * E);
     OP(rmsnorm, s->x, l->mtp_hnorm, s->xn, n, E, hp->eps);
@@ -341,7 +395,8 @@ st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hid
     OP(matmul, &l->mtp_eh, s->big, n, s->x);
     ST_TRY(layer(s, hp->n_layer, n, pos));
     OP(rmsnorm, s->x, l->mtp_head_norm, s->xn, n, E, hp->eps);
-    head(s, n, out);
+    head(s, n, out, false);
+    ST_TRY(s->b->ops->sync(s->b));
     s->mtp_pos = pos + n;
     return ST_OK;
 }

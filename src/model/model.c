@@ -309,6 +309,14 @@ fail:
 
 void st_model_free(st_model *m) {
     if (!m) return;
+    if (m->placed) { // the vectors were moved to the device with the rest
+        for (int i = 0; i < m->n_dev; i++) m->placed->ops->free(m->placed, m->dev[i]);
+        st_free(m->dev);
+        st_free(m->layers);
+        st_placement_free(m->placement);
+        st_free(m);
+        return;
+    }
     if (m->layers) {
         for (int i = 0; i < m->hp.n_layer + m->hp.n_mtp; i++) {
             st_layer *l = &m->layers[i];

@@ -65,12 +65,19 @@ typedef struct st_model {
     st_mat output;                    // (n_vocab, n_embd)
     st_layer *layers;                 // (n_layer + n_mtp)
     st_placement *placement;
+    st_backend *placed;               // the backend holding the weights (NULL: the mapping)
+    void **dev;                       // (n_dev) its copies, freed with the model
+    int n_dev;
 } st_model;
 
 // Binds a model to an open GGUF (which must outlive it). Every tensor is checked for presence,
 // type and shape; a problem names the tensor and the expected shape.
 st_status st_model_load(const st_gguf *g, st_model **out);
 void st_model_free(st_model *m);
+// Puts the weights into b's memory: nothing to do on the CPU (the mapping is used in place); on
+// a GPU, every tensor is copied once after checking it all fits, and every expert is placed on
+// the device. A model placed on a GPU runs only with states of that backend.
+st_status st_model_place(st_model *m, st_backend *b);
 const char *st_arch_name(st_arch a);
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,14 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+// The CUDA files include these headers from C++: spell the two C11 keywords they use portably.
+#ifdef __cplusplus
+#define ST_NORETURN [[noreturn]]
+#define _Static_assert static_assert
+#else
+#define ST_NORETURN _Noreturn
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Status and errors
 //
@@ -37,7 +45,7 @@ void st_error_clear(void);
     do {                                                                                   \
         if (!(cond)) st_assert_fail(#cond, __func__, __FILE__, __LINE__);                  \
     } while (0)
-_Noreturn void st_assert_fail(const char *cond, const char *func, const char *file, int line);
+ST_NORETURN void st_assert_fail(const char *cond, const char *func, const char *file, int line);
 
 // Propagate a failing status.
 #define ST_TRY(expr)                                                                       \

@@ -39,6 +39,10 @@ else
   export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
+say "== devices"
+"$B/strata" devices 2>&1 | tee "$OUT/devices.txt" | tee -a "$LOG"
+row "strata devices" "$(grep -q 'can be used' "$OUT/devices.txt" && echo pass || echo FAIL)" "$(head -1 "$OUT/devices.txt")"
+
 say "== unit tests"
 for t in "$B"/test_*; do
   [ -x "$t" ] || continue
@@ -49,11 +53,30 @@ for t in "$B"/test_*; do
   cat "$OUT/$n.log" >> "$LOG"
 done
 
+# The CUDA kernel tests again under compute-sanitizer (memory errors, then shared-memory races).
+if command -v compute-sanitizer >/dev/null; then
+  for t in "$B"/test_cuda_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t")
+    for tool in memcheck racecheck; do
+      if STRATA_SOURCE_DIR="$PWD" STRATA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 \
+          "$t" >"$OUT/$n.$tool.log" 2>&1; then r=pass; else r=FAIL; fi
+      row "$n ($tool)" "$r" "$(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/$n.$tool.log" | tail -1 | tr -s ' ')"
+    done
+  done
+fi
+
+say "== GPU vs CPU parity"
+python3 tests/gpu/parity.py --bin "$B/strata" --out "$OUT/parity" >"$OUT/parity.txt" 2>&1 && r=pass || r=FAIL
+row "parity GPU vs CPU (eval)" "$r" "$(tail -1 "$OUT/parity.txt")"
+cat "$OUT/parity.txt" >> "$LOG"
+
 say "== integration tests"
 if python3 -c 'import pytest, gguf' 2>/dev/null; then
   # test_convert needs torch and transformers, which this machine has (CI does not): the
   # converter against transformers and the tiny-coder training smoke test run here.
-  STRATA_BIN="$PWD/$B/strata" python3 -m pytest -q -p no:cacheprovider tests/integration/test_forward.py \
+  # These compare the CPU path with the references: keep them on the CPU.
+  STRATA_GPU=cpu STRATA_BIN="$PWD/$B/strata" python3 -m pytest -q -p no:cacheprovider tests/integration/test_forward.py \
     tests/integration/test_quant_parity.py tests/integration/test_convert.py >"$OUT/pytest.log" 2>&1 && r=pass || r=FAIL
   row "pytest forward, quant parity, convert" "$r" "$(tail -1 "$OUT/pytest.log")"
 else
@@ -61,6 +84,10 @@ else
 fi
 
 say "== benchmarks"
+if [ -n "${STRATA_GPU_BENCH:-}" ]; then
+  tests/gpu/bench.sh "$B" $STRATA_GPU_BENCH 2>&1 | tee -a "$LOG" | tail -40 > "$OUT/bench-models.txt"
+  row "bench models ($STRATA_GPU_BENCH)" done "$OUT/bench-models.txt"
+fi
 "$B/strata" bench kernels -t "$(nproc)" --type all --time 0.2 >"$OUT/bench-kernels.txt" 2>&1 && r=pass || r=FAIL
 row "bench kernels -t $(nproc)" "$r" "$OUT/bench-kernels.txt"
 cat "$OUT/bench-kernels.txt" >> "$LOG"

@@ -1,0 +1,387 @@
+// backend/cuda: the CUDA backend object: device choice and listing, memory, the stream, errors,
+// scratch buffers, and CUDA graphs of decode windows. The kernels live in the other .cu files.
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Errors: ops are void, so the first failure is kept and reported by sync.
+
+void st_cuda_fail_msg(st_cuda *c, const char *file, int line, const char *fmt, ...) {
+    if (c->err) return;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(c->err_msg, sizeof c->err_msg, "GPU %d: %s (%s:%d)", c->device, msg, file, line);
+    c->err = ST_ERR_IO;
+}
+
+void st_cuda_fail(st_cuda *c, cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaErrorMemoryAllocation) {
+        if (!c->err) {
+            snprintf(c->err_msg, sizeof c->err_msg, "GPU %d: out of memory in %s (%s:%d)", c->device, what,
+                     file, line);
+            c->err = ST_ERR_NOMEM;
+        }
+        return;
+    }
+    st_cuda_fail_msg(c, file, line, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static st_status cuda_sync(st_backend *b) {
+    st_cuda *c = st_cuda_of(b);
+    if (!c->capturing) ST_CU(c, cudaStreamSynchronize(c->stream));
+    if (!c->err) return ST_OK;
+    st_status s = st_fail(c->err, "%s", c->err_msg);
+    c->err = ST_OK; // reported once; a sticky device fault shows again on the next call
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+static void *cuda_alloc(st_backend *b, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total = 0;
+        cudaGetLastError(); // clear it: an allocation failure is not sticky
+        cudaMemGetInfo(&free_b, &total);
+        st_fail(ST_ERR_NOMEM, "GPU %d: cannot allocate %.1f MiB (%.1f MiB free of %.1f MiB): %s", c->device,
+                bytes / 1048576.0, free_b / 1048576.0, total / 1048576.0, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free(st_backend *b, void *p) {
+    if (p) ST_CU(st_cuda_of(b), cudaFree(p));
+}
+
+static void cuda_zero(st_backend *b, void *p, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaMemsetAsync(p, 0, bytes, c->stream));
+}
+
+static size_t cuda_mem_free(st_backend *b) {
+    st_cuda *c = st_cuda_of(b);
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 1; // unknown; but not "unlimited"
+    return free_b > c->reserve ? free_b - c->reserve : 1;
+}
+
+static void *cuda_upload(st_backend *b, const void *host, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    void *p = cuda_alloc(b, bytes);
+    if (!p) return NULL;
+    // Pageable source: the copy is staged by the driver and returns when the source was read.
+    cudaError_t e = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        st_fail(ST_ERR_IO, "GPU %d: copying %.1f MiB of weights: %s", c->device, bytes / 1048576.0,
+                cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_to_host(st_backend *b, void *host, const void *src, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    ST_CU(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_from_host(st_backend *b, void *dst, const void *host, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    // The host buffer may be reused as soon as we return (callers pass stack arrays).
+    ST_CU(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_copy(st_backend *b, float *dst, const float *src, int64_t n) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+void *st_cuda_scratch(st_cuda *c, int slot, size_t bytes) {
+    if (bytes <= c->scratch_bytes[slot]) return c->scratch[slot];
+    if (c->capturing) {
+        st_cuda_fail_msg(c, __FILE__, __LINE__, "scratch %d must grow to %zu bytes while recording a graph", slot,
+                         bytes);
+        return NULL;
+    }
+    // Grow with headroom so a slowly rising size does not reallocate every call.
+    size_t want = bytes + bytes / 4;
+    if (c->scratch[slot]) {
+        ST_CU(c, cudaStreamSynchronize(c->stream)); // kernels queued may still read the old one
+        ST_CU(c, cudaFree(c->scratch[slot]));
+    }
+    c->scratch[slot] = NULL;
+    c->scratch_bytes[slot] = 0;
+    c->scratch_gen++;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st_cuda_fail_msg(c, __FILE__, __LINE__, "out of memory for a %.1f MiB work buffer", want / 1048576.0);
+        c->err = ST_ERR_NOMEM;
+        return NULL;
+    }
+    c->scratch[slot] = p;
+    c->scratch_bytes[slot] = want;
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs. A window's work runs eagerly the first time (scratch buffers reach their size), is
+// recorded the second time, and replayed from then on while no scratch buffer has moved.
+
+typedef struct cuda_graph {
+    cudaGraphExec_t exec;
+    unsigned gen;   // scratch generation it was recorded with
+    int runs;       // eager runs so far
+} cuda_graph;
+
+static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
+    st_cuda *c = st_cuda_of(b);
+    if (getenv("STRATA_CUDA_GRAPHS") && !strcmp(getenv("STRATA_CUDA_GRAPHS"), "0")) return fn(ctx);
+    cuda_graph *g = (cuda_graph *)*slot;
+    if (!g) {
+        g = (cuda_graph *)st_calloc(1, sizeof *g);
+        if (!g) return ST_ERR_NOMEM;
+        *slot = g;
+    }
+    if (g->exec && g->gen == c->scratch_gen) {
+        ST_CU(c, cudaGraphLaunch(g->exec, c->stream));
+        return ST_OK;
+    }
+    if (g->exec) {
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+        g->runs = 0;
+    }
+    if (g->runs++ < 1) return fn(ctx);
+    unsigned gen = c->scratch_gen;
+    cudaGraph_t graph = NULL;
+    ST_CU(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    if (c->err) return cuda_sync(b);
+    c->capturing = true;
+    st_status s = fn(ctx);
+    c->capturing = false;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    if (s) {
+        if (graph) cudaGraphDestroy(graph);
+        return s;
+    }
+    if (e != cudaSuccess || c->err || gen != c->scratch_gen) {
+        if (graph) cudaGraphDestroy(graph);
+        if (e != cudaSuccess) st_cuda_fail(c, e, "recording a decode graph", __FILE__, __LINE__);
+        cudaGetLastError();
+        return cuda_sync(b);
+    }
+    ST_CU(c, cudaGraphInstantiate(&g->exec, graph, 0));
+    cudaGraphDestroy(graph);
+    if (c->err) return cuda_sync(b);
+    g->gen = gen;
+    ST_CU(c, cudaGraphLaunch(g->exec, c->stream));
+    return ST_OK;
+}
+
+static void cuda_graph_free(st_backend *b, void *graph) {
+    (void)b;
+    cuda_graph *g = (cuda_graph *)graph;
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    st_free(g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend
+
+static void cuda_destroy(st_backend *b) {
+    st_cuda *c = st_cuda_of(b);
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < ST_SCR_COUNT; i++)
+        if (c->scratch[i]) cudaFree(c->scratch[i]);
+    if (c->cublas) cublasDestroy(c->cublas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    st_pool_free(b->pool);
+    st_free(b->scratch);
+    st_free(c);
+}
+
+static const st_backend_ops cuda_ops = {
+    .name = "cuda",
+    .host_memory = false,
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .sync = cuda_sync,
+    .run = cuda_run,
+    .graph_free = cuda_graph_free,
+    .zero = cuda_zero,
+    .mem_free = cuda_mem_free,
+    .matmul = st_cuda_matmul,
+    .get_rows = st_cuda_get_rows,
+    .rmsnorm = st_cuda_rmsnorm,
+    .l2norm = st_cuda_l2norm,
+    .rope = st_cuda_rope,
+    .attention = st_cuda_attention,
+    .conv = st_cuda_conv,
+    .gdn = st_cuda_gdn,
+    .gdn_chunked = st_cuda_gdn_chunked,
+    .gdn_chunked_from = ST_CUDA_GDN_CHUNKED_FROM,
+    .add = st_cuda_add,
+    .swiglu = st_cuda_swiglu,
+    .mul_sigmoid = st_cuda_mul_sigmoid,
+    .mul_silu = st_cuda_mul_silu,
+    .add_gated_rows = st_cuda_add_gated_rows,
+    .gdn_gates = st_cuda_gdn_gates,
+    .split_heads = st_cuda_split_heads,
+    .copy_cols = st_cuda_copy_cols,
+    .copy = cuda_copy,
+    .moe_route = st_cuda_moe_route,
+    .moe = st_cuda_moe,
+    .argmax = st_cuda_argmax,
+    .to_host = cuda_to_host,
+    .from_host = cuda_from_host,
+};
+
+extern "C" bool st_cuda_available(void) { return true; }
+
+// PCIe link of a device through sysfs (the runtime does not report it); 0 when unknown.
+static void pcie_link(int device, int *gen, int *width) {
+    *gen = *width = 0;
+    char bus[32];
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) return;
+    for (char *p = bus; *p; p++) *p = (char)(*p >= 'A' && *p <= 'F' ? *p - 'A' + 'a' : *p);
+    char path[160], buf[64];
+    // sysfs names the device with a 4-digit domain; the runtime may give 8 digits.
+    const char *id = strlen(bus) > 12 ? bus + strlen(bus) - 12 : bus;
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/current_link_speed", id);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fgets(buf, sizeof buf, f)) {
+            double gts = atof(buf); // "32.0 GT/s PCIe"
+            *gen = gts >= 60 ? 6 : gts >= 30 ? 5 : gts >= 15 ? 4 : gts >= 7 ? 3 : gts >= 4 ? 2 : gts > 0 ? 1 : 0;
+        }
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/current_link_width", id);
+    f = fopen(path, "r");
+    if (f) {
+        if (fgets(buf, sizeof buf, f)) *width = atoi(buf);
+        fclose(f);
+    }
+}
+
+extern "C" st_status st_cuda_devices(st_gpu_info *out, int max, int *n, char *why, size_t why_len) {
+    *n = 0;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (why) snprintf(why, why_len, "no usable NVIDIA driver or GPU (%s)", cudaGetErrorString(e));
+        return ST_OK;
+    }
+    if (count == 0 && why) snprintf(why, why_len, "no NVIDIA GPU found");
+    for (int i = 0; i < count && *n < max; i++) {
+        cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+        st_gpu_info *g = &out[(*n)++];
+        memset(g, 0, sizeof *g);
+        g->index = i;
+        snprintf(g->name, sizeof g->name, "%s", p.name);
+        g->vram_total = p.totalGlobalMem;
+        g->cc_major = p.major;
+        g->cc_minor = p.minor;
+        g->sm_count = p.multiProcessorCount;
+        int clock_khz = 0;
+        cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, i);
+        g->clock_mhz = clock_khz / 1000;
+        pcie_link(i, &g->pcie_gen, &g->pcie_width);
+        int prev = 0;
+        cudaGetDevice(&prev);
+        if (cudaSetDevice(i) == cudaSuccess) {
+            size_t free_b = 0, total = 0;
+            if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) g->vram_free = free_b;
+            cudaSetDevice(prev);
+        }
+        cudaGetLastError();
+        g->usable = p.major * 10 + p.minor >= 75;
+        if (!g->usable)
+            snprintf(g->why, sizeof g->why, "not supported - older than the RTX 20 series (compute capability %d.%d; "
+                     "Strata needs 7.5 or newer)", p.major, p.minor);
+    }
+    return ST_OK;
+}
+
+extern "C" double st_cuda_copy_gbs(int device) {
+    size_t bytes = (size_t)1 << 30;
+    char *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = 0;
+    double gbs = 0;
+    if (cudaSetDevice(device) == cudaSuccess && cudaMalloc(&a, bytes) == cudaSuccess &&
+        cudaMalloc(&b, bytes) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
+        cudaEventCreate(&e1) == cudaSuccess) {
+        cudaMemset(a, 1, bytes);
+        cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); // warm-up
+        cudaEventRecord(e0);
+        for (int i = 0; i < 10; i++) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0)
+            gbs = 10 * 2.0 * bytes / (ms * 1e-3) / 1e9;
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return gbs;
+}
+
+extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, int n_threads, st_backend **out) {
+    *out = NULL;
+    if (n_threads < 1) return st_fail(ST_ERR_ARG, "threads: %d (must be at least 1)", n_threads);
+    st_gpu_info gpus[64];
+    int n = 0;
+    char why[256] = "";
+    st_cuda_devices(gpus, 64, &n, why, sizeof why);
+    if (n == 0) return st_fail(ST_ERR_UNSUPPORTED, "cannot use a GPU: %s", why);
+    if (device < 0 || device >= n)
+        return st_fail(ST_ERR_ARG, "--gpu %d: this machine has %d GPU%s (0 .. %d)", device, n, n == 1 ? "" : "s", n - 1);
+    if (!gpus[device].usable) return st_fail(ST_ERR_UNSUPPORTED, "GPU %d (%s): %s", device, gpus[device].name, gpus[device].why);
+    st_cuda *c = (st_cuda *)st_calloc(1, sizeof *c);
+    if (!c) return ST_ERR_NOMEM;
+    c->device = device;
+    c->reserve = reserve_bytes;
+    c->base.ops = &cuda_ops;
+    st_status s = ST_OK;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) s = st_fail(ST_ERR_IO, "GPU %d: cannot start: %s", device, cudaGetErrorString(e));
+    if (!s && cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS)
+        s = st_fail(ST_ERR_IO, "GPU %d: cannot start cuBLAS", device);
+    if (!s) cublasSetStream(c->cublas, c->stream);
+    if (!s) {
+        c->base.pool = st_pool_create(n_threads);
+        if (!c->base.pool) s = st_fail(ST_ERR_NOMEM, "cannot start %d CPU threads", n_threads);
+    }
+    if (s) {
+        cuda_destroy(&c->base);
+        return s;
+    }
+    *out = &c->base;
+    return ST_OK;
+}

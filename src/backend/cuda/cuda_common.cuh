@@ -1,0 +1,103 @@
+// backend/cuda: what the CUDA backend's files share: the backend object, error handling, scratch
+// memory, and the ops each kernel file provides (same signatures as st_backend_ops).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "quant/blocks.h"
+}
+
+// Scratch buffers, one per op family, so ops never overwrite each other's live data.
+enum {
+    ST_SCR_ACT,   // quantized activations of matmul
+    ST_SCR_DEQ,   // dequantized weights (prompt-chunk GEMMs)
+    ST_SCR_ATTN,  // attention partial results
+    ST_SCR_MOE,   // expert grouping, intermediate activations
+    ST_SCR_MOE2,
+    ST_SCR_GDN,   // chunked DeltaNet buffers
+    ST_SCR_MISC,
+    ST_SCR_COUNT
+};
+
+typedef struct st_cuda {
+    st_backend base;             // first: an st_backend * is an st_cuda *
+    int device;
+    cudaDeviceProp prop;
+    cudaStream_t stream;         // every op runs on it, in order
+    cublasHandle_t cublas;       // bound to stream
+    size_t reserve;              // VRAM left free for the driver and other programs
+    st_status err;               // first error since the last sync (ops are void)
+    char err_msg[512];
+    bool capturing;              // recording a graph: no allocation, no synchronization
+    unsigned scratch_gen;        // bumped when a scratch buffer moves: older recordings are stale
+    void *scratch[ST_SCR_COUNT];
+    size_t scratch_bytes[ST_SCR_COUNT];
+} st_cuda;
+
+static inline st_cuda *st_cuda_of(st_backend *b) { return (st_cuda *)b; }
+
+// Records a failed CUDA call (the first one since the last sync is kept and reported by sync).
+void st_cuda_fail(st_cuda *c, cudaError_t e, const char *what, const char *file, int line);
+void st_cuda_fail_msg(st_cuda *c, const char *file, int line, const char *fmt, ...);
+#define ST_CU(c, call)                                                                      \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) st_cuda_fail((c), e_, #call, __FILE__, __LINE__);            \
+    } while (0)
+// After a kernel launch: a bad configuration shows up here.
+#define ST_CU_LAUNCHED(c, what) ST_CU(c, cudaPeekAtLastError())
+
+// A scratch buffer of at least `bytes` (contents undefined). Grows outside graph recording
+// only; a window's first run is never recorded, so recordings see buffers already grown.
+// NULL (and the error kept) when the GPU is out of memory or a recording would need to grow.
+void *st_cuda_scratch(st_cuda *c, int slot, size_t bytes);
+
+// ---------------------------------------------------------------------------------------------
+// Ops, by file. Rules for every op (see DESIGN.md and backend.h):
+// - Run on c->stream, asynchronously; report errors through st_cuda_fail, never exit.
+// - With n <= ST_CUDA_GRAPH_ROWS rows (a decode / verify window) an op may be recorded into a
+//   CUDA graph: no host synchronization, no allocation except st_cuda_scratch, and a launch
+//   configuration that depends only on the arguments' sizes, never on values in device memory
+//   (positions come from pos_dev / pos ids in device memory, expert ids from ids).
+// - With more rows (prompt chunks) an op may synchronize and read device values on the host.
+#define ST_CUDA_GRAPH_ROWS 16
+
+// quant_matmul.cu: quantized weights
+void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y);
+void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
+void st_cuda_moe(st_backend *b, const st_moe_args *a);
+bool st_cuda_type_supported(st_type t);  // matmul / get_rows / moe handle this weight type
+
+// ops.cu: element-wise, norms, rope, router, argmax, conv
+void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
+void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale);
+void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
+                  const int32_t *pos, float base);
+void st_cuda_conv(st_backend *b, const st_conv_args *a);
+void st_cuda_add(st_backend *b, float *y, const float *x, int64_t n);
+void st_cuda_swiglu(st_backend *b, const float *gate, const float *up, float *y, int64_t n);
+void st_cuda_mul_sigmoid(st_backend *b, float *y, const float *gate, int64_t n);
+void st_cuda_mul_silu(st_backend *b, float *y, const float *gate, int64_t n);
+void st_cuda_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d);
+void st_cuda_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, const float *dt_bias,
+                       float *beta, float *g, int n, int h_k, int h_v);
+void st_cuda_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int heads, int a,
+                         int bdim);
+void st_cuda_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t x_from, float *y, int64_t ldy,
+                       int64_t y_from, int n, int64_t w);
+void st_cuda_moe_route(st_backend *b, const float *logits, int n, int n_expert, int k, int32_t *ids,
+                       float *weights);
+void st_cuda_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids);
+
+// attention.cu
+void st_cuda_attention(st_backend *b, const st_attn_args *a);
+
+// gdn.cu: the Gated DeltaNet recurrence
+void st_cuda_gdn(st_backend *b, const st_gdn_args *a);
+void st_cuda_gdn_chunked(st_backend *b, const st_gdn_args *a);
+#define ST_CUDA_GDN_CHUNKED_FROM 32 // rows from which the forward uses the chunked form

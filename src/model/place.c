@@ -1,0 +1,158 @@
+// model: puts a bound model's weights into a backend's memory. On the CPU nothing moves (the
+// mapping is used in place); on a GPU every tensor the model uses is copied once, planned first.
+
+#include <string.h>
+
+#include "model/model.h"
+
+// Every pointer in the model that names weights: matrices, expert stacks and small vectors.
+typedef struct weight_refs {
+    const void **ptr[64 * 1024];
+    int n;
+} weight_refs;
+
+static void add_ref(weight_refs *r, const void **p) {
+    if (*p) r->ptr[r->n++] = p;
+}
+
+static void collect(st_model *m, weight_refs *r) {
+    add_ref(r, &m->tok_embd.data);
+    add_ref(r, &m->output.data);
+    add_ref(r, (const void **)&m->output_norm);
+    for (int i = 0; i < m->hp.n_layer + m->hp.n_mtp; i++) {
+        st_layer *l = &m->layers[i];
+        st_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->wqkv, &l->wz, &l->w_ssm_in, &l->wba, &l->wout,
+                          &l->router, &l->sh_gate, &l->sh_up, &l->sh_down, &l->mtp_eh};
+        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) add_ref(r, &mats[j]->data);
+        add_ref(r, &l->gate_exps.data);
+        add_ref(r, &l->up_exps.data);
+        add_ref(r, &l->down_exps.data);
+        float **vecs[] = {&l->attn_norm, &l->ffn_norm, &l->q_norm, &l->k_norm, &l->conv, &l->dt_bias,
+                          &l->ssm_a, &l->ssm_norm, &l->sh_gate_inp, &l->mtp_enorm, &l->mtp_hnorm, &l->mtp_head_norm};
+        for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) add_ref(r, (const void **)vecs[j]);
+    }
+}
+
+// The GGUF tensor whose data holds p, or NULL (the small f32 vectors are model-owned copies).
+static const st_gguf_tensor *tensor_of(const st_gguf *g, const void *p) {
+    for (int64_t i = 0; i < st_gguf_tensor_count(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        if ((const char *)p >= (const char *)t->data && (const char *)p < (const char *)t->data + t->bytes) return t;
+    }
+    return NULL;
+}
+
+// Bytes of the model-owned vector at p (its size from the layer's shape).
+static size_t vec_bytes(const st_model *m, const st_layer *l, const void *p) {
+    const st_hparams *hp = &m->hp;
+    int cd = 2 * hp->ssm_h_k * hp->ssm_d + hp->ssm_h_v * hp->ssm_d;
+    if (p == m->output_norm) return sizeof(float) * hp->n_embd;
+    if (!l) return 0;
+    if (p == l->q_norm || p == l->k_norm) return sizeof(float) * hp->head_dim;
+    if (p == l->conv) return sizeof(float) * (size_t)cd * hp->ssm_kernel;
+    if (p == l->dt_bias || p == l->ssm_a) return sizeof(float) * hp->ssm_h_v;
+    if (p == l->ssm_norm) return sizeof(float) * hp->ssm_d;
+    return sizeof(float) * hp->n_embd; // the norms and the shared expert's gate vector
+}
+
+static const st_layer *layer_of_vec(const st_model *m, const void *p) {
+    for (int i = 0; i < m->hp.n_layer + m->hp.n_mtp; i++) {
+        const st_layer *l = &m->layers[i];
+        const float *vecs[] = {l->attn_norm, l->ffn_norm, l->q_norm, l->k_norm, l->conv, l->dt_bias,
+                               l->ssm_a, l->ssm_norm, l->sh_gate_inp, l->mtp_enorm, l->mtp_hnorm, l->mtp_head_norm};
+        for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++)
+            if (vecs[j] == p) return l;
+    }
+    return NULL;
+}
+
+st_status st_model_place(st_model *m, st_backend *b) {
+    if (b->ops->host_memory) return ST_OK;
+    if (m->placed) return st_fail(ST_ERR_ARG, "the model is already placed on a backend");
+    weight_refs *r = st_calloc(1, sizeof *r);
+    if (!r) return ST_ERR_NOMEM;
+    collect(m, r);
+    // One upload per GGUF tensor (a view such as the up half of a merged gate_up stack, or a
+    // tied head, shares its tensor's copy), one per model-owned vector.
+    const st_gguf_tensor **tens = st_calloc((size_t)r->n, sizeof *tens);
+    m->dev = st_calloc((size_t)r->n, sizeof *m->dev);
+    st_status s = tens && m->dev ? ST_OK : ST_ERR_NOMEM;
+    size_t total = 0;
+    int n_up = 0;
+    for (int i = 0; i < r->n && !s; i++) {
+        const st_gguf_tensor *t = tensor_of(m->gguf, *r->ptr[i]);
+        tens[i] = t;
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++) seen = t ? tens[j] == t : *r->ptr[j] == *r->ptr[i];
+        if (!seen) total += t ? t->bytes : vec_bytes(m, layer_of_vec(m, *r->ptr[i]), *r->ptr[i]);
+    }
+    size_t avail = b->ops->mem_free(b);
+    if (!s && total > avail)
+        s = st_fail(ST_ERR_NOMEM, "the model's weights need %.2f GiB of GPU memory, but %.2f GiB is free (after "
+                    "the reserve, --vram-reserve-mib): use a smaller quantization, or the CPU (--gpu cpu)",
+                    total / 1073741824.0, avail / 1073741824.0);
+    // Upload, remembering host -> device for every pointer so views map to their copies.
+    const void **host = st_calloc((size_t)r->n, sizeof *host);
+    if (!s && !host) s = ST_ERR_NOMEM;
+    double t0 = st_time_s(), last = t0;
+    size_t done = 0;
+    for (int i = 0; i < r->n && !s; i++) {
+        const void *p = *r->ptr[i];
+        host[i] = p;
+        const st_gguf_tensor *t = tens[i];
+        const char *base = t ? (const char *)t->data : (const char *)p;
+        int j = 0;
+        for (; j < i; j++)
+            if (t ? tens[j] == t : host[j] == p) break;
+        char *dev;
+        if (j < i) { // shares an earlier upload: same offset into it
+            const char *base_j = tens[j] ? (const char *)tens[j]->data : (const char *)host[j];
+            dev = (char *)*r->ptr[j] - ((const char *)host[j] - base_j);
+        } else {
+            size_t bytes = t ? t->bytes : vec_bytes(m, layer_of_vec(m, p), p);
+            dev = b->ops->upload(b, base, bytes);
+            if (!dev) {
+                s = st_fail_prefix(ST_ERR_NOMEM, "placing %s", t ? t->name : "a norm vector");
+                break;
+            }
+            m->dev[n_up++] = dev;
+            done += bytes;
+            double now = st_time_s();
+            if (now - last > 2.0) {
+                st_log_info("weights to the GPU: %.1f of %.1f GiB (%.1f GB/s)", done / 1073741824.0,
+                            total / 1073741824.0, done / 1e9 / (now - t0));
+                last = now;
+            }
+        }
+        *r->ptr[i] = dev + ((const char *)p - base);
+    }
+    m->n_dev = n_up;
+    if (!s) {
+        m->placed = b;
+        // The host copies of the vectors are not needed any more.
+        for (int i = 0; i < r->n; i++)
+            if (!tens[i]) {
+                bool first = true;
+                for (int j = 0; j < i && first; j++) first = tens[j] || host[j] != host[i];
+                if (first) st_free((void *)host[i]);
+            }
+        // Every routed expert is in backend memory: slot e of layer l is expert e.
+        for (int l = 0; l < m->placement->n_layer; l++)
+            for (int e = 0; e < m->placement->n_expert; e++) m->placement->slot[(size_t)l * m->placement->n_expert + e] = e;
+        double dt = st_time_s() - t0;
+        st_log_info("weights on the GPU: %.2f GiB in %d tensors, %.1f s (%.1f GB/s)", done / 1073741824.0, n_up, dt,
+                    dt > 0 ? done / 1e9 / dt : 0.0);
+    } else {
+        // Back to the host pointers; the copies made so far go.
+        for (int i = 0; host && i < r->n; i++)
+            if (host[i]) *r->ptr[i] = host[i];
+        for (int i = 0; i < n_up; i++) b->ops->free(b, m->dev[i]);
+        st_free(m->dev);
+        m->dev = NULL;
+        m->n_dev = 0;
+    }
+    st_free(host);
+    st_free(tens);
+    st_free(r);
+    return s;
+}

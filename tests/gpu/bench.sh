@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU benchmarks of whole models (issue 6): synthetic models with Q4_K experts at the shapes of
+# Qwen3-30B-A3B and Qwen3-Next-80B-A3B (made here by synth_gguf.py; the disk holds one at a time)
+# and the tiny model: decode tokens/s (batch 1, 128 tokens after a warm-up) and prompt tokens/s
+# (512, 2048, 8192), each next to its bound. Logs in $OUT.
+#
+#   tests/gpu/bench.sh BUILD_DIR [tiny] [30b] [80b]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+B=$1; shift
+OUT=${OUT:-/tmp/strata-gpu}
+MODELS=${MODELS_DIR:-/tmp/strata-models}
+mkdir -p "$OUT" "$MODELS"
+[ -d .whl/qwen3-tokenizer ] && export STRATA_QWEN3_TOKENIZER=$PWD/.whl/qwen3-tokenizer
+
+bench() { # name file
+  echo "== bench $1"
+  "$B/strata" bench -m "$2" --gpu 0 --prompt 512,2048,8192 --batch 2048 --decode 128 2>&1 | tee "$OUT/bench-$1.txt"
+}
+
+for what in "$@"; do
+  case $what in
+    tiny) bench tiny-coder models/tiny-coder.gguf ;;
+    30b|80b)
+      preset=$([ $what = 30b ] && echo qwen3-30b-a3b || echo qwen3-next-80b-a3b)
+      f="$MODELS/$preset-q4_K.gguf"
+      t0=$(date +%s)
+      python3 tools/synth_gguf.py "$f" --preset "$preset" --expert-type q4_K > "$OUT/synth-$what.log" 2>&1 \
+        || { echo "synth $preset failed"; tail -5 "$OUT/synth-$what.log"; continue; }
+      echo "made $f in $(( $(date +%s) - t0 )) s ($(du -h "$f" | cut -f1))"
+      bench "$what" "$f"
+      rm -f "$f" ;;
+    *) echo "bench.sh: unknown model '$what' (tiny, 30b, 80b)"; exit 2 ;;
+  esac
+done
