@@ -40,6 +40,7 @@ struct st_state {
     int32_t *tok_ids;         // (n_batch) the rows' tokens
     int32_t *kv_pos;          // (1) the first row's cache position (graph replays read it here)
     float *logits;            // (HEAD_ROWS, n_vocab) head output on backends without host memory
+    int32_t *best;            // (HEAD_ROWS) their argmax
     void *graphs[3][ST_GRAPH_ROWS + 1]; // recordings per (logits wanted: none / last / all, rows)
 };
 
@@ -151,6 +152,7 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     s->tok_ids = take(s, sizeof(int32_t) * nb, &err);
     s->kv_pos = take(s, sizeof(int32_t), &err);
     if (!b->ops->host_memory) s->logits = take(s, sizeof(float) * HEAD_ROWS * (size_t)hp->n_vocab, &err);
+    s->best = take(s, sizeof(int32_t) * HEAD_ROWS, &err);
     if (err) {
         st_state_free(s);
         return st_fail(ST_ERR_NOMEM, "cannot allocate activation buffers for a batch of %d rows", p->n_batch);
@@ -176,6 +178,7 @@ void st_state_free(st_state *s) {
     s->b->ops->free(s->b, s->tok_ids);
     s->b->ops->free(s->b, s->kv_pos);
     s->b->ops->free(s->b, s->logits);
+    s->b->ops->free(s->b, s->best);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j <= ST_GRAPH_ROWS; j++) s->b->ops->graph_free(s->b, s->graphs[i][j]);
     st_free(s->kv);
@@ -295,21 +298,38 @@ static void head_logits(st_state *s, int first, int n, float *dst) {
 }
 
 // The final-normed rows s->xn (n) to the caller: hidden states and logits. On a device backend
-// logits of up to HEAD_ROWS rows may already be in s->logits (done_rows, from a recording).
+// the logits of a window of up to HEAD_ROWS rows are already in s->logits when done (the
+// recorded work computed them).
 static void head(st_state *s, int n, const st_forward_out *out, bool done) {
     const st_model *m = s->m;
     int E = m->hp.n_embd, V = m->hp.n_vocab;
     if (out && out->hidden) s->b->ops->to_host(s->b, out->hidden, s->xn, sizeof(float) * (size_t)n * E);
-    if (!out || !out->logits) return;
+    if (!out || (!out->logits && !out->argmax)) return;
     int first = out->want_all ? 0 : n - 1;
-    if (s->b->ops->host_memory) {
+    if (s->b->ops->host_memory && out->logits) { // straight into the caller's rows
         head_logits(s, first, n, out->logits);
+        if (out->argmax) OP(argmax, out->logits, n - first, V, out->argmax);
         return;
     }
     for (int r = first; r < n; r += HEAD_ROWS) {
         int e = r + HEAD_ROWS < n ? r + HEAD_ROWS : n;
-        if (!done) head_logits(s, r, e, s->logits);
-        s->b->ops->to_host(s->b, out->logits + (size_t)(r - first) * V, s->logits, sizeof(float) * (size_t)(e - r) * V);
+        float *dst = s->logits;
+        if (!s->logits) { // host memory, ids only: the rows one at a time
+            float *row = st_alloc(sizeof(float) * (size_t)V);
+            for (int i = r; i < e && row; i++) {
+                head_logits(s, i, i + 1, row);
+                OP(argmax, row, 1, V, out->argmax + (i - first));
+            }
+            st_free(row);
+            continue;
+        }
+        if (!done) head_logits(s, r, e, dst);
+        if (out->argmax) {
+            OP(argmax, dst, e - r, V, s->best);
+            s->b->ops->to_host(s->b, out->argmax + (r - first), s->best, sizeof(int32_t) * (size_t)(e - r));
+        }
+        if (out->logits)
+            s->b->ops->to_host(s->b, out->logits + (size_t)(r - first) * V, s->logits, sizeof(float) * (size_t)(e - r) * V);
     }
 }
 

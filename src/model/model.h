@@ -107,10 +107,13 @@ void st_snapshot_free(st_snapshot *snap);
 // logits: NULL, or (n, n_vocab) host floats for every row (want_all) or (1, n_vocab) for the
 // last row only. hidden: NULL or (n, n_embd) host floats, the final-normed hidden states (what
 // the head and the MTP layer read).
+// argmax: NULL, or host ids receiving each row's greedy token (the rows logits would cover);
+// with logits NULL the logits never leave the backend (a GPU sends only the ids).
 typedef struct st_forward_out {
     float *logits;
     bool want_all;
     float *hidden;
+    int32_t *argmax;
 } st_forward_out;
 st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens, int n,
                            const st_forward_out *out);
