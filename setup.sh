@@ -162,23 +162,26 @@ fi
 # ---- the GPU list, in the words of docs/SETUP.md
 BIN=build/strata
 echo
-if [ -z "$GPUS" ]; then
-  say "no NVIDIA GPU found (no nvidia-smi, or it lists none)"
-else
+devs=""
+if [ -x "$BIN" ]; then devs=$("$BIN" devices --brief 2>/dev/null | grep '^GPU ' || true); fi
+if [ -n "$devs" ]; then
+  # strata devices asks the CUDA runtime itself: its word on what can be used is the one kept
   echo "Your NVIDIA GPUs:"
-  if [ -x "$BIN" ] && devs=$("$BIN" devices 2>/dev/null) && [ -n "$devs" ]; then
-    echo "$devs"
-  else
-    while IFS='|' read -r idx name mib cc; do
-      [ -n "$idx" ] || continue
-      gb=$(( (mib + 512) / 1024 ))
-      if cc_ok "$cc"; then
-        echo "GPU $idx: $name, $gb GB VRAM - can be used"
-      else
-        echo "GPU $idx: $name, $gb GB VRAM - not supported - older than the RTX 20 series (compute capability $cc; Strata needs 7.5 or newer)"
-      fi
-    done <<< "$GPUS"
-  fi
+  echo "$devs"
+  USABLE=$(sed -nE 's/^GPU ([0-9]+):.* - can be used$/\1/p' <<< "$devs" | paste -sd' ')
+elif [ -n "$GPUS" ]; then
+  echo "Your NVIDIA GPUs:"
+  while IFS='|' read -r idx name mib cc; do
+    [ -n "$idx" ] || continue
+    gb=$(( (mib + 512) / 1024 ))
+    if cc_ok "$cc"; then
+      echo "GPU $idx: $name, $gb GB VRAM - can be used"
+    else
+      echo "GPU $idx: $name, $gb GB VRAM - not supported - older than the RTX 20 series (compute capability $cc; Strata needs 7.5 or newer)"
+    fi
+  done <<< "$GPUS"
+else
+  say "no NVIDIA GPU found (no nvidia-smi, or it lists none)"
 fi
 HAVE_CUDA=1
 if [ "$SKIP_BUILD" = 0 ] && ! compgen -G "build/CMakeFiles/*/CMakeCUDACompiler.cmake" >/dev/null; then HAVE_CUDA=0; fi
