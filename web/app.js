@@ -350,6 +350,7 @@ function updateMessageEl(div, m) {
   else content.innerHTML = renderMarkdown(m.content);
   meta.textContent = m.meta || (m.streaming ? '…' : '');
   div.classList.toggle('error', !!m.error);
+  div.setAttribute('aria-busy', m.streaming ? 'true' : 'false');   // screen readers wait for the whole reply
 }
 
 function renderMessages() {
