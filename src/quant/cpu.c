@@ -54,10 +54,12 @@ static void detect(bool ok[ST_CPU_PATH_COUNT]) { ok[ST_CPU_SCALAR] = true; }
 static void cpu_init(void) {
     detect(path_ok);
     st_quant_kernels_scalar(&tables[ST_CPU_SCALAR]);
+    // The table fillers are compiled for their instruction sets (the compiler may use them even
+    // to copy a table), so each runs only on a CPU that has them.
     tables[ST_CPU_AVX2] = tables[ST_CPU_SCALAR];
-    st_quant_kernels_avx2(&tables[ST_CPU_AVX2]);
+    if (path_ok[ST_CPU_AVX2]) st_quant_kernels_avx2(&tables[ST_CPU_AVX2]);
     tables[ST_CPU_AVX512] = tables[ST_CPU_AVX2];
-    st_quant_kernels_avx512(&tables[ST_CPU_AVX512]);
+    if (path_ok[ST_CPU_AVX512]) st_quant_kernels_avx512(&tables[ST_CPU_AVX512]);
 
     int best = ST_CPU_SCALAR;
     for (int p = 0; p < ST_CPU_PATH_COUNT; p++)
