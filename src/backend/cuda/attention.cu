@@ -1,0 +1,343 @@
+// backend/cuda: causal attention over the KV cache (f16, q8_0 or f32 rows): the new rows are
+// stored first, then one flash-attention kernel (online softmax, K/V tiles in shared memory, the
+// context split across blocks when the grid would be small) and a combine kernel for the splits.
+
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Cache store: rows pos0 .. pos0+n-1 (pos0 read on the device, so a recording serves every
+// position). A cache row is n_head_kv * head_dim values in order, quantized as st_quantize does.
+
+// F16 / F32: one thread per value; which of K and V is blockIdx.y.
+__global__ void kv_store_plain_kernel(st_kv_layer kv, const int32_t *pos_dev, const float *k, const float *v,
+                                      int n, int nv) {
+    const float *src = blockIdx.y ? v : k;
+    char *base = (char *)(blockIdx.y ? kv.v : kv.k);
+    int pos0 = *pos_dev;
+    int64_t total = (int64_t)n * nv;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int i = (int)(e / nv), x = (int)(e % nv);
+        char *row = base + (size_t)(pos0 + i) * kv.row_bytes;
+        if (kv.type == ST_KV_F16) ((__half *)row)[x] = __float2half_rn(src[e]);
+        else ((float *)row)[x] = src[e];
+    }
+}
+
+// Q8_0: one warp per block of 32 values (lane = value): d = amax/127, q = round(x/d) half away
+// from zero, exactly as the CPU quantizer (same float operations, IEEE division).
+__global__ void kv_store_q8_kernel(st_kv_layer kv, const int32_t *pos_dev, const float *k, const float *v,
+                                   int n, int nv) {
+    const float *src = blockIdx.y ? v : k;
+    char *base = (char *)(blockIdx.y ? kv.v : kv.k);
+    int pos0 = *pos_dev, lane = threadIdx.x & 31, nb = nv / QK8_0;
+    int64_t total = (int64_t)n * nb, warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t wb = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); wb < total; wb += warps) {
+        int i = (int)(wb / nb), blk = (int)(wb % nb);
+        float x = src[(size_t)i * nv + (size_t)blk * QK8_0 + lane];
+        float amax = fabsf(x);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        char *b = base + (size_t)(pos0 + i) * kv.row_bytes + (size_t)blk * sizeof(block_q8_0);
+        if (lane == 0) *(__half *)b = __float2half_rn(d);
+        ((int8_t *)(b + 2))[lane] = (int8_t)roundf(x * id);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention. A block owns one KV head, a tile of QB = 8 warps x QPW queries of that head's group
+// (query index qi = row * G + head-in-group: every query of the window that reads this KV head),
+// and one split of the context. Per KV tile of TK positions, staged as floats in shared memory:
+//   scores: lane = position (two lanes per position, each half the dims, when head_dim > 128),
+//           all QPW queries of the warp at once, so each K value loaded serves QPW queries;
+//   online softmax per query (running max m, lane-partial sums l, rescaled accumulators);
+//   P·V:    lane = head dims (EPL = head_dim / 32 each), p broadcast from shared memory.
+// So each cache row is read once per query tile: once for the whole window when n·G <= 8·QPW.
+// With several splits, each writes (m, l, acc) and attn_combine_kernel merges them.
+
+#define ATTN_WARPS 8
+
+typedef struct attn_params {
+    const void *kc, *vc;   // cache bases
+    size_t row_bytes;
+    int kv_type;           // st_kv_type
+    const int32_t *pos_dev;
+    const float *q;        // (n, H, D)
+    float *out;            // (n, H, D), written when ns == 1
+    float *part;           // (ns, n, H, D + 2): m, l, acc of each split, when ns > 1
+    int n, H, G, nq, ns, min_chunk;
+    float scale;
+} attn_params;
+
+// Loads cache rows t0 .. t0+TK-1 (zeros at and past t_end: masked scores never read garbage, and
+// p = 0 times a zero stays 0) of head hk, 8 values per thread-step, into dst (TK, stride).
+template <int D, int TK>
+__device__ void attn_load_tile(float *dst, int stride, const void *cache, const attn_params &p, int hk, int t0,
+                               int t_end) {
+    constexpr int G8 = D / 8; // groups of 8 values per row
+    for (int gi = threadIdx.x; gi < TK * G8; gi += blockDim.x) {
+        int tt = gi / G8, x8 = (gi % G8) * 8, t = t0 + tt;
+        float v[8];
+        if (t < t_end) {
+            const char *row = (const char *)cache + (size_t)t * p.row_bytes;
+            int idx = hk * D + x8; // value index within the cache row
+            if (p.kv_type == ST_KV_F16) {
+                uint4 raw = *(const uint4 *)(row + (size_t)idx * 2);
+                const __half2 *h = (const __half2 *)&raw;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = __half22float2(h[e]);
+                    v[2 * e] = f.x, v[2 * e + 1] = f.y;
+                }
+            } else if (p.kv_type == ST_KV_Q8_0) {
+                const char *blk = row + (size_t)(idx / QK8_0) * sizeof(block_q8_0);
+                float d = __half2float(*(const __half *)blk);
+                const int8_t *qs = (const int8_t *)(blk + 2) + idx % QK8_0;
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = d * (float)qs[e];
+            } else {
+                const float4 *f = (const float4 *)(row + (size_t)idx * 4);
+                float4 a = f[0], b = f[1];
+                v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = 0.0f;
+        }
+        float4 *o = (float4 *)(dst + tt * stride + x8);
+        o[0] = make_float4(v[0], v[1], v[2], v[3]);
+        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+}
+
+template <int EPL, int QPW>
+struct attn_shape {
+    static constexpr int D = EPL * 32;
+    static constexpr int LPP = D > 128 ? 2 : 1;  // lanes per position in the score phase
+    static constexpr int TK = 32 / LPP;          // positions per KV tile
+    static constexpr int HALF = D / LPP;         // dims each lane of a position sums
+    static constexpr int KST = D + 4;            // K row stride: 16-byte loads of 8 lanes hit 8 bank groups
+    static constexpr int QB = ATTN_WARPS * QPW;  // queries per block
+    static constexpr size_t smem = sizeof(float) * ((size_t)TK * KST + (size_t)TK * D + (size_t)QB * D + (size_t)QB * TK);
+};
+
+__device__ __forceinline__ float attn_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <int EPL, int QPW>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
+    typedef attn_shape<EPL, QPW> S;
+    constexpr int D = S::D, TK = S::TK, HALF = S::HALF, KST = S::KST, QB = S::QB;
+    extern __shared__ float4 sm4[];
+    float *Ks = (float *)sm4;  // (TK, KST)
+    float *Vs = Ks + TK * KST; // (TK, D)
+    float *Qs = Vs + TK * D;   // (QB, D)
+    float *Ps = Qs + QB * D;   // (QB, TK) probabilities of the current tile
+    const int split = blockIdx.x, hk = blockIdx.y, qbase = blockIdx.z * QB;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int pos0 = *p.pos_dev, T = pos0 + p.n;
+
+    for (int e = tid; e < QB * D; e += blockDim.x) {
+        int qi = qbase + e / D;
+        Qs[e] = qi < p.nq ? p.q[((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D + e % D] : 0.0f;
+    }
+    int lim[QPW]; // the last position each of this warp's queries sees; -1: no query
+    int wlim = -1;
+#pragma unroll
+    for (int jj = 0; jj < QPW; jj++) {
+        int qi = qbase + w * QPW + jj;
+        lim[jj] = qi < p.nq ? pos0 + qi / p.G : -1;
+        wlim = max(wlim, lim[jj]);
+    }
+    // This block's positions: its split of [0, T), cut at the last position its queries see.
+    int last_q = min(qbase + QB, p.nq) - 1;
+    int t_begin = 0, t_end = min(T, pos0 + last_q / p.G + 1);
+    if (p.ns > 1) {
+        int chunk = (T + p.ns - 1) / p.ns;
+        chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
+        t_begin = split * chunk;
+        t_end = min(t_end, t_begin + chunk);
+    }
+
+    float m[QPW], l[QPW], acc[QPW][EPL];
+#pragma unroll
+    for (int jj = 0; jj < QPW; jj++) {
+        m[jj] = -INFINITY, l[jj] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[jj][e] = 0.0f;
+    }
+    const int tt = lane % TK, part = lane / TK;
+    for (int t0 = t_begin; t0 < t_end; t0 += TK) {
+        __syncthreads(); // the previous tile is consumed (and Qs is written, the first time)
+        attn_load_tile<D, TK>(Ks, KST, p.kc, p, hk, t0, t_end);
+        attn_load_tile<D, TK>(Vs, D, p.vc, p, hk, t0, t_end);
+        __syncthreads();
+        if (t0 > wlim) continue; // causal: none of this warp's queries sees this tile
+
+        float s[QPW];
+#pragma unroll
+        for (int jj = 0; jj < QPW; jj++) s[jj] = 0.0f;
+        const float4 *kr = (const float4 *)(Ks + tt * KST + part * HALF);
+        const float *qw = Qs + (w * QPW) * D + part * HALF;
+#pragma unroll 4
+        for (int x4 = 0; x4 < HALF / 4; x4++) {
+            float4 k4 = kr[x4];
+#pragma unroll
+            for (int jj = 0; jj < QPW; jj++) {
+                float4 q4 = ((const float4 *)(qw + jj * D))[x4];
+                s[jj] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+            }
+        }
+        const int t = t0 + tt;
+#pragma unroll
+        for (int jj = 0; jj < QPW; jj++) {
+            if (S::LPP == 2) s[jj] += __shfl_xor_sync(0xffffffffu, s[jj], 16);
+            bool valid = t < t_end && t <= lim[jj];
+            float sc = valid ? s[jj] * p.scale : -INFINITY;
+            float mnew = fmaxf(m[jj], attn_warp_max(sc));
+            float corr = 1.0f, pr = 0.0f;
+            if (mnew != -INFINITY) {
+                corr = expf(m[jj] - mnew); // 0 when m was -inf
+                pr = valid ? expf(sc - mnew) : 0.0f;
+            }
+            m[jj] = mnew;
+            l[jj] = l[jj] * corr + (part == 0 ? pr : 0.0f);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[jj][e] *= corr;
+            if (part == 0) Ps[(w * QPW + jj) * TK + tt] = pr;
+        }
+        __syncwarp();
+#pragma unroll 4
+        for (int u = 0; u < TK; u++) {
+            float vv[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) vv[e] = Vs[u * D + e * 32 + lane];
+#pragma unroll
+            for (int jj = 0; jj < QPW; jj++) {
+                float pr = Ps[(w * QPW + jj) * TK + u];
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[jj][e] += pr * vv[e];
+            }
+        }
+        __syncwarp(); // Ps is rewritten by the next tile
+    }
+
+#pragma unroll
+    for (int jj = 0; jj < QPW; jj++) {
+        float lsum = l[jj];
+        for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+        int qi = qbase + w * QPW + jj;
+        if (qi >= p.nq) continue;
+        size_t rh = (size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G; // (row, head)
+        if (p.ns == 1) {
+            float inv = 1.0f / lsum; // position 0 is always seen: lsum >= 1
+#pragma unroll
+            for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = acc[jj][e] * inv;
+        } else {
+            float *pp = p.part + ((size_t)split * p.n * p.H + rh) * (D + 2);
+            if (lane == 0) pp[0] = m[jj], pp[1] = lsum;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
+        }
+    }
+}
+
+// One block per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s. Splits that saw
+// no position (m = −inf) are skipped; split 0 always sees position 0.
+__global__ void attn_combine_kernel(const float *part, float *out, int nh, int D, int ns) {
+    int rh = blockIdx.x;
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, part[((size_t)s * nh + rh) * (D + 2)]);
+    for (int x = threadIdx.x; x < D; x += blockDim.x) {
+        float a = 0.0f, l = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float *pp = part + ((size_t)s * nh + rh) * (D + 2);
+            float ms = pp[0];
+            if (ms == -INFINITY) continue;
+            float f = expf(ms - M);
+            l += pp[1] * f;
+            a += pp[2 + x] * f;
+        }
+        out[(size_t)rh * D + x] = a / l;
+    }
+}
+
+template <int EPL, int QPW>
+static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
+    typedef attn_shape<EPL, QPW> S;
+    int qt = (p->nq + S::QB - 1) / S::QB;
+    // Split the context when the grid would not fill the GPU (~4 blocks per multiprocessor):
+    // decode and verify windows, and short chunks late in a long context. Sizes only, so a
+    // recording stays valid; splits past the current context do no work.
+    int base = n_head_kv * qt, sms = c->prop.multiProcessorCount;
+    int ns = (4 * sms + base - 1) / base;
+    p->min_chunk = 2 * S::TK; // a split of fewer tiles would cost more in fixed work than it saves
+    int useful = (n_ctx + p->min_chunk - 1) / p->min_chunk;
+    ns = ns < useful ? ns : useful;
+    ns = ns < 256 ? ns : 256;
+    ns = ns < 1 ? 1 : ns;
+    p->ns = ns;
+    if (ns > 1) {
+        size_t bytes = sizeof(float) * (size_t)ns * p->n * p->H * (S::D + 2);
+        p->part = (float *)st_cuda_scratch(c, ST_SCR_ATTN, bytes);
+        if (!p->part) return; // the error is kept
+    }
+    if (S::smem > 48 * 1024) // above the default limit: opt in (a function attribute, fine while recording)
+        ST_CU(c, cudaFuncSetAttribute(attn_kernel<EPL, QPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
+    dim3 grid((unsigned)ns, (unsigned)n_head_kv, (unsigned)qt);
+    attn_kernel<EPL, QPW><<<grid, ATTN_WARPS * 32, S::smem, c->stream>>>(*p);
+    ST_CU_LAUNCHED(c, "attention");
+    if (ns > 1) {
+        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D, ns);
+        ST_CU_LAUNCHED(c, "attention combine");
+    }
+}
+
+// Queries per warp: enough for the whole window in one tile when possible (each cache row then
+// read once), at most 4 (registers: 4 x EPL accumulators per lane), and fitting shared memory.
+template <int EPL>
+static void attn_dispatch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
+    size_t optin = c->prop.sharedMemPerBlockOptin;
+    int want = p->nq <= ATTN_WARPS ? 1 : p->nq <= 2 * ATTN_WARPS ? 2 : 4;
+    if (want == 4 && attn_shape<EPL, 4>::smem <= optin) attn_launch<EPL, 4>(c, p, n_head_kv, n_ctx);
+    else if (want >= 2 && attn_shape<EPL, 2>::smem <= optin) attn_launch<EPL, 2>(c, p, n_head_kv, n_ctx);
+    else attn_launch<EPL, 1>(c, p, n_head_kv, n_ctx);
+}
+
+void st_cuda_attention(st_backend *b, const st_attn_args *a) {
+    st_cuda *c = st_cuda_of(b);
+    st_kv_layer *kv = a->kv;
+    int D = kv->head_dim, nv = kv->n_head_kv * D;
+    if (a->n <= 0) return;
+    if (D % 32 || D < 32 || D > 256 || a->n_head % kv->n_head_kv) {
+        st_cuda_fail_msg(c, __FILE__, __LINE__, "attention: head size %d with %d query / %d kv heads: unsupported "
+                         "(a multiple of 32 up to 256, query heads a multiple of kv heads)", D, a->n_head,
+                         kv->n_head_kv);
+        return;
+    }
+    if (kv->type == ST_KV_Q8_0) {
+        int64_t blocks = (int64_t)a->n * (nv / QK8_0);
+        int64_t grid = (blocks + 7) / 8;
+        dim3 g((unsigned)(grid > 65535 ? 65535 : grid), 2);
+        kv_store_q8_kernel<<<g, 256, 0, c->stream>>>(*kv, a->pos_dev, a->k, a->v, a->n, nv);
+    } else {
+        int64_t grid = ((int64_t)a->n * nv + 255) / 256;
+        dim3 g((unsigned)(grid > 65535 ? 65535 : grid), 2);
+        kv_store_plain_kernel<<<g, 256, 0, c->stream>>>(*kv, a->pos_dev, a->k, a->v, a->n, nv);
+    }
+    ST_CU_LAUNCHED(c, "kv store");
+
+    attn_params p = {};
+    p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
+    p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out;
+    p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
+    switch (D / 32) {
+#define CASE(E) case E: attn_dispatch<E>(c, &p, kv->n_head_kv, kv->n_ctx); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}

@@ -1,0 +1,418 @@
+// backend/cuda: the small ops (norms, RoPE, conv, element-wise, DeltaNet gates, column copies,
+// the MoE router and argmax), each a kernel plus its launcher, with cpu.c's math (expf, IEEE
+// division; no fast-math intrinsics) so results match the CPU up to summation order.
+
+#include <float.h>
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads; every thread gets it.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // part may still be read by a previous call
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// (value, index) pairs: a beats b when larger, or equal with a lower index (the CPU's first max).
+// idx < 0 marks "no candidate".
+__device__ __forceinline__ void argmax_merge(float &v, int &i, float ov, int oi) {
+    if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+}
+
+__device__ __forceinline__ void warp_argmax(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        argmax_merge(v, i, ov, oi);
+    }
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Grid size for a grid-stride loop over n items of 256 threads each (capped: the loop covers
+// the rest).
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Norms
+
+// One warp per row (short rows: head-sized norms over thousands of rows).
+__global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, int n, int d, float eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *xr = x + (size_t)row * d;
+    float ss = 0;
+    for (int j = lane; j < d; j += 32) ss += xr[j] * xr[j];
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / d + eps);
+    float *yr = y + (size_t)row * d;
+    for (int j = lane; j < d; j += 32) yr[j] = xr[j] * s * (w ? w[j] : 1.0f);
+}
+
+// One block per row (model-width rows; also the only way to use the GPU on a single row).
+__global__ void rmsnorm_block_kernel(const float *x, const float *w, float *y, int d, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * d;
+    float ss = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+    ss = block_sum(ss);
+    float s = 1.0f / sqrtf(ss / d + eps);
+    float *yr = y + (size_t)blockIdx.x * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = xr[j] * s * (w ? w[j] : 1.0f);
+}
+
+void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    if (d < 1024) rmsnorm_warp_kernel<<<(n + 7) / 8, 256, 0, c->stream>>>(x, w, y, n, d, eps);
+    else rmsnorm_block_kernel<<<n, 256, 0, c->stream>>>(x, w, y, d, eps);
+    ST_CU_LAUNCHED(c, "rmsnorm");
+}
+
+__global__ void l2norm_kernel(float *x, int n, int d, float eps, float scale) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n) return;
+    float *xr = x + (size_t)row * d;
+    float ss = 0;
+    for (int j = lane; j < d; j += 32) ss += xr[j] * xr[j];
+    float norm = sqrtf(warp_sum(ss));
+    float s = scale / (norm > eps ? norm : eps);
+    for (int j = lane; j < d; j += 32) xr[j] *= s;
+}
+
+void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    l2norm_kernel<<<(n + 7) / 8, 256, 0, c->stream>>>(x, n, d, eps, scale);
+    ST_CU_LAUNCHED(c, "l2norm");
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE: one block per row. The angles are computed in double as the CPU does (positions reach
+// tens of thousands of radians, where float angles would be off by 1e-3), once per row into
+// shared memory, then applied to every head.
+__global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const int32_t *pos, float base) {
+    extern __shared__ float cs[]; // (half) cos, then (half) sin
+    int i = blockIdx.x, half = n_rot / 2;
+    double p = (double)pos[i];
+    for (int k = threadIdx.x; k < half; k += blockDim.x) {
+        double theta = p * pow((double)base, -2.0 * k / n_rot);
+        cs[k] = (float)cos(theta);
+        cs[half + k] = (float)sin(theta);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
+        int h = e / half, k = e % half;
+        float *xh = x + ((size_t)i * n_head + h) * head_dim;
+        float c = cs[k], s = cs[half + k];
+        float x0 = xh[k], x1 = xh[k + half];
+        xh[k] = x0 * c - x1 * s;
+        xh[k + half] = x1 * c + x0 * s;
+    }
+}
+
+void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
+                  const int32_t *pos, float base) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || n_rot < 2) return;
+    rope_kernel<<<n, 128, sizeof(float) * (size_t)n_rot, c->stream>>>(x, n_head, head_dim, n_rot, pos, base);
+    ST_CU_LAUNCHED(c, "rope");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Depthwise causal conv + SiLU. Outputs first (every (row, channel) in parallel, reading the
+// old state), then the state update in a second kernel, so no output reads a state row that was
+// already replaced.
+__global__ void conv_kernel(st_conv_args a) {
+    int C = a.channels, K = a.kernel;
+    int64_t total = (int64_t)a.n * C;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int t = (int)(e / C), ch = (int)(e % C);
+        float s = 0;
+        for (int j = 0; j < K; j++) {
+            int src = t - (K - 1) + j; // < 0: from the state
+            float xv = src >= 0 ? a.x[(size_t)src * C + ch] : a.state[(size_t)(K - 1 + src) * C + ch];
+            s += a.w[(size_t)ch * K + j] * xv;
+        }
+        a.y[e] = s / (1.0f + expf(-s));
+    }
+}
+
+// The new state is the last K-1 raw rows of [state; x]. Ascending r reads old row n + r > r
+// (when it comes from the state), which is not yet overwritten: safe in place, per channel.
+__global__ void conv_state_kernel(st_conv_args a) {
+    int C = a.channels, K = a.kernel;
+    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x)
+        for (int r = 0; r < K - 1; r++) {
+            int src = a.n - (K - 1) + r;
+            a.state[(size_t)r * C + ch] = src >= 0 ? a.x[(size_t)src * C + ch] : a.state[(size_t)(K - 1 + src) * C + ch];
+        }
+}
+
+void st_cuda_conv(st_backend *b, const st_conv_args *a) {
+    st_cuda *c = st_cuda_of(b);
+    if (a->n <= 0 || a->channels <= 0) return;
+    conv_kernel<<<grid_for((int64_t)a->n * a->channels), 256, 0, c->stream>>>(*a);
+    ST_CU_LAUNCHED(c, "conv");
+    if (a->kernel > 1) {
+        conv_state_kernel<<<grid_for(a->channels), 256, 0, c->stream>>>(*a);
+        ST_CU_LAUNCHED(c, "conv state");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise
+
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__global__ void add_kernel(float *y, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) y[i] += x[i];
+}
+
+__global__ void swiglu_kernel(const float *gate, const float *up, float *y, int64_t n) {
+    GRID_STRIDE(i, n) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+__global__ void mul_sigmoid_kernel(float *y, const float *gate, int64_t n) {
+    GRID_STRIDE(i, n) y[i] *= sigmoidf_(gate[i]);
+}
+
+__global__ void mul_silu_kernel(float *y, const float *gate, int64_t n) {
+    GRID_STRIDE(i, n) y[i] *= gate[i] / (1.0f + expf(-gate[i]));
+}
+
+void st_cuda_add(st_backend *b, float *y, const float *x, int64_t n) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n), 256, 0, c->stream>>>(y, x, n);
+    ST_CU_LAUNCHED(c, "add");
+}
+
+void st_cuda_swiglu(st_backend *b, const float *gate, const float *up, float *y, int64_t n) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n), 256, 0, c->stream>>>(gate, up, y, n);
+    ST_CU_LAUNCHED(c, "swiglu");
+}
+
+void st_cuda_mul_sigmoid(st_backend *b, float *y, const float *gate, int64_t n) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0) return;
+    mul_sigmoid_kernel<<<grid_for(n), 256, 0, c->stream>>>(y, gate, n);
+    ST_CU_LAUNCHED(c, "mul_sigmoid");
+}
+
+void st_cuda_mul_silu(st_backend *b, float *y, const float *gate, int64_t n) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0) return;
+    mul_silu_kernel<<<grid_for(n), 256, 0, c->stream>>>(y, gate, n);
+    ST_CU_LAUNCHED(c, "mul_silu");
+}
+
+__global__ void add_gated_rows_kernel(float *y, const float *x, const float *g, int n, int d) {
+    int64_t total = (int64_t)n * d;
+    GRID_STRIDE(e, total) y[e] += sigmoidf_(g[e / d]) * x[e];
+}
+
+void st_cuda_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    add_gated_rows_kernel<<<grid_for((int64_t)n * d), 256, 0, c->stream>>>(y, x, g, n, d);
+    ST_CU_LAUNCHED(c, "add_gated_rows");
+}
+
+// softplus as PyTorch computes it: linear above 20.
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void gdn_gates_kernel(const float *ba, const float *ssm_a, const float *dt_bias, float *beta,
+                                 float *g, int n, int h_k, int h_v) {
+    int r = h_v / h_k;
+    int64_t total = (int64_t)n * h_v;
+    GRID_STRIDE(e, total) {
+        int i = (int)(e / h_v), j = (int)(e % h_v), grp = j / r, w = j % r;
+        const float *row = ba + (size_t)i * 2 * h_v;
+        float bj = row[grp * 2 * r + w], aj = row[grp * 2 * r + r + w];
+        beta[e] = sigmoidf_(bj);
+        g[e] = ssm_a[j] * softplusf_(aj + dt_bias[j]);
+    }
+}
+
+void st_cuda_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, const float *dt_bias,
+                       float *beta, float *g, int n, int h_k, int h_v) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || h_v <= 0) return;
+    gdn_gates_kernel<<<grid_for((int64_t)n * h_v), 256, 0, c->stream>>>(ba, ssm_a, dt_bias, beta, g, n, h_k, h_v);
+    ST_CU_LAUNCHED(c, "gdn_gates");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copies
+
+__global__ void split_heads_kernel(const float *x, float *ya, float *yb, int64_t rows, int a, int bdim) {
+    int w = a + bdim;
+    int64_t total = rows * w;
+    GRID_STRIDE(e, total) {
+        int64_t i = e / w;
+        int col = (int)(e % w);
+        if (col < a) ya[i * a + col] = x[e];
+        else yb[i * bdim + col - a] = x[e];
+    }
+}
+
+void st_cuda_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int heads, int a,
+                         int bdim) {
+    st_cuda *c = st_cuda_of(b);
+    int64_t rows = (int64_t)n * heads;
+    if (rows <= 0 || a + bdim <= 0) return;
+    split_heads_kernel<<<grid_for(rows * (a + bdim)), 256, 0, c->stream>>>(x, ya, yb, rows, a, bdim);
+    ST_CU_LAUNCHED(c, "split_heads");
+}
+
+// blockIdx.y strides over rows, x over columns.
+__global__ void copy_cols_kernel(const float *x, int64_t ldx, float *y, int64_t ldy, int n, int64_t w) {
+    for (int i = blockIdx.y; i < n; i += gridDim.y) {
+        const float *xr = x + (size_t)i * ldx;
+        float *yr = y + (size_t)i * ldy;
+        for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < w; j += (int64_t)gridDim.x * blockDim.x)
+            yr[j] = xr[j];
+    }
+}
+
+void st_cuda_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t x_from, float *y, int64_t ldy,
+                       int64_t y_from, int n, int64_t w) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || w <= 0) return;
+    int64_t bx = (w + 255) / 256;
+    dim3 grid((unsigned)(bx > 1024 ? 1024 : bx), (unsigned)(n > 65535 ? 65535 : n));
+    copy_cols_kernel<<<grid, 256, 0, c->stream>>>(x + x_from, ldx, y + y_from, ldy, n, w);
+    ST_CU_LAUNCHED(c, "copy_cols");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router: one warp per row, the logits in shared memory. The softmax sum is in double as on the
+// CPU; top-k is k rounds of a warp argmax over the experts not yet taken (ties: lower id, as
+// the CPU's selection keeps the first maximum), and the weights are renormalized over the k.
+#define ROUTE_MAX_K 64 // the chosen weights live in registers until renormalized
+
+__global__ void moe_route_kernel(const float *logits, int E, int k, int32_t *ids, float *weights) {
+    extern __shared__ float sl[]; // (E) logits, then (E) taken flags as bytes
+    unsigned char *taken = (unsigned char *)(sl + E);
+    int i = blockIdx.x, lane = threadIdx.x;
+    const float *l = logits + (size_t)i * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) {
+        float v = l[e];
+        sl[e] = v;
+        taken[e] = 0;
+        mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    double sum = 0;
+    for (int e = lane; e < E; e += 32) sum += exp((double)sl[e] - mx);
+    sum = warp_sum_d(sum);
+    __syncwarp();
+    float w[ROUTE_MAX_K];
+    int32_t id[ROUTE_MAX_K];
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = lane; e < E; e += 32)
+            if (!taken[e]) argmax_merge(bv, bi, sl[e], e);
+        warp_argmax(bv, bi);
+        id[j] = bi;
+        w[j] = (float)(exp((double)sl[bi] - mx) / sum);
+        if (lane == 0) taken[bi] = 1;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        double wsum = 0;
+        for (int j = 0; j < k; j++) wsum += w[j];
+        if (wsum < 6.1e-5) wsum = 6.1e-5; // llama.cpp's clamp, as on the CPU
+        for (int j = 0; j < k; j++) {
+            ids[(size_t)i * k + j] = id[j];
+            weights[(size_t)i * k + j] = (float)(w[j] / wsum);
+        }
+    }
+}
+
+void st_cuda_moe_route(st_backend *b, const float *logits, int n, int n_expert, int k, int32_t *ids,
+                       float *weights) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0) return;
+    size_t smem = (size_t)n_expert * (sizeof(float) + 1);
+    if (k < 1 || k > ROUTE_MAX_K || k > n_expert || smem > 48 * 1024) {
+        st_cuda_fail_msg(c, __FILE__, __LINE__, "moe_route: %d experts, top %d: unsupported (top-k at most %d, "
+                         "at most %d experts)", n_expert, k, ROUTE_MAX_K, 48 * 1024 / 5);
+        return;
+    }
+    moe_route_kernel<<<n, 32, smem, c->stream>>>(logits, n_expert, k, ids, weights);
+    ST_CU_LAUNCHED(c, "moe_route");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argmax: one block of 1024 threads per row (vocabulary-sized rows), each thread scanning its
+// strided share in ascending order (so its own ties keep the first), then a block reduction
+// with ties to the lower index.
+__global__ void argmax_kernel(const float *x, int d, int32_t *ids) {
+    __shared__ float pv[32];
+    __shared__ int pi[32];
+    const float *r = x + (size_t)blockIdx.x * d;
+    float bv = -INFINITY;
+    int bi = -1;
+    if ((d & 3) == 0 && ((uintptr_t)r & 15) == 0) { // 16-byte loads
+        const float4 *r4 = (const float4 *)r;
+        for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
+            float4 v = r4[j];
+            argmax_merge(bv, bi, v.x, 4 * j);
+            argmax_merge(bv, bi, v.y, 4 * j + 1);
+            argmax_merge(bv, bi, v.z, 4 * j + 2);
+            argmax_merge(bv, bi, v.w, 4 * j + 3);
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) argmax_merge(bv, bi, r[j], j);
+    }
+    warp_argmax(bv, bi);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) pv[w] = bv, pi[w] = bi;
+    __syncthreads();
+    if (w == 0) {
+        bv = lane < (int)(blockDim.x >> 5) ? pv[lane] : -INFINITY;
+        bi = lane < (int)(blockDim.x >> 5) ? pi[lane] : -1;
+        warp_argmax(bv, bi);
+        if (lane == 0) ids[blockIdx.x] = bi < 0 ? 0 : bi; // all NaN: 0, as the CPU's start
+    }
+}
+
+void st_cuda_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    argmax_kernel<<<n, 1024, 0, c->stream>>>(x, d, ids);
+    ST_CU_LAUNCHED(c, "argmax");
+}

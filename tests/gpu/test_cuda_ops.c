@@ -1,0 +1,668 @@
+// GPU tests of the CUDA backend's small ops, attention and Gated DeltaNet against the CPU
+// backend (the reference), on fresh seeded random data with odd sizes. Exits 77 (skipped) on a
+// machine without a usable GPU. `test_cuda_ops --bench` prints a table of kernel times instead.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+
+static st_backend *cpu, *gpu;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double rnd(void) { // uniform [0, 1)
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static float *rand_buf(size_t n, float lo, float hi) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rnd());
+    return x;
+}
+
+// Device copies: alloc + from_host, and back.
+static void *dev_put(const void *host, size_t bytes) {
+    void *p = gpu->ops->alloc(gpu, bytes ? bytes : 4);
+    if (!p) fail_msg("device alloc of %zu bytes failed: %s", bytes, st_error());
+    if (host && bytes) gpu->ops->from_host(gpu, p, host, bytes);
+    return p;
+}
+
+static void dev_get(void *host, const void *dev, size_t bytes) {
+    gpu->ops->to_host(gpu, host, dev, bytes);
+    st_status s = gpu->ops->sync(gpu);
+    if (s != ST_OK) fail_msg("GPU error: %s", st_error());
+}
+
+static void gpu_sync(const char *what) {
+    st_status s = gpu->ops->sync(gpu);
+    if (s != ST_OK) fail_msg("%s: GPU error: %s", what, st_error());
+}
+
+static void dev_free(void *p) { gpu->ops->free(gpu, p); }
+
+// Compares n floats: an element fails when |got - ref| > atol + rtol * |ref|. Prints the worst
+// errors and the first failing index; fails the test when any element fails.
+static void check(const char *what, const float *ref, const float *got, size_t n, double atol, double rtol) {
+    double max_abs = 0, max_rel = 0;
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        double a = ref[i], b = got[i], e = fabs(a - b);
+        bool nan_mismatch = isnan(a) != isnan(b);
+        if (e > max_abs) max_abs = e;
+        if (fabs(a) > 1e-6 && e / fabs(a) > max_rel) max_rel = e / fabs(a);
+        if (nan_mismatch || e > atol + rtol * fabs(a)) {
+            if (!bad) first = i;
+            bad++;
+        }
+    }
+    if (bad) {
+        fail_msg("%s: %zu of %zu differ (atol %g rtol %g); first at %zu: cpu %.9g gpu %.9g; max abs %.3g max rel %.3g",
+                 what, bad, n, atol, rtol, first, ref[first], got[first], max_abs, max_rel);
+    }
+}
+
+static void check_exact_i32(const char *what, const int32_t *ref, const int32_t *got, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (ref[i] != got[i]) fail_msg("%s: index %zu: cpu %d gpu %d", what, i, ref[i], got[i]);
+}
+
+static const int ROWS[] = {1, 3, 16, 17, 100, 333};
+#define NROWS (int)(sizeof ROWS / sizeof ROWS[0])
+
+// ---------------------------------------------------------------------------------------------
+// Norms, RoPE
+
+static void test_rmsnorm(void **st) {
+    (void)st;
+    const int dims[] = {100, 128, 1000, 2048, 2050};
+    for (int di = 0; di < 5; di++)
+        for (int ri = 0; ri < NROWS; ri++)
+            for (int with_w = 0; with_w < 2; with_w++) {
+                int n = ROWS[ri], d = dims[di];
+                size_t sz = (size_t)n * d;
+                float *x = rand_buf(sz, -3, 3), *w = rand_buf(d, 0.5f, 1.5f), *y = malloc(sizeof(float) * sz),
+                      *yg = malloc(sizeof(float) * sz);
+                cpu->ops->rmsnorm(cpu, x, with_w ? w : NULL, y, n, d, 1e-6f);
+                float *dx = dev_put(x, sizeof(float) * sz), *dw = dev_put(w, sizeof(float) * d);
+                gpu->ops->rmsnorm(gpu, dx, with_w ? dw : NULL, dx, n, d, 1e-6f); // in place, as the forward does
+                dev_get(yg, dx, sizeof(float) * sz);
+                char what[96];
+                snprintf(what, sizeof what, "rmsnorm n=%d d=%d w=%d", n, d, with_w);
+                check(what, y, yg, sz, 1e-6, 2e-6);
+                dev_free(dx), dev_free(dw);
+                free(x), free(w), free(y), free(yg);
+            }
+}
+
+static void test_l2norm(void **st) {
+    (void)st;
+    const int dims[] = {128, 100, 256};
+    for (int di = 0; di < 3; di++)
+        for (int ri = 0; ri < NROWS; ri++) {
+            int n = ROWS[ri], d = dims[di];
+            size_t sz = (size_t)n * d;
+            float *x = rand_buf(sz, -2, 2), *xg = malloc(sizeof(float) * sz);
+            if (n > 2) memset(x + d, 0, sizeof(float) * d); // a zero row: the eps branch
+            float *dx = dev_put(x, sizeof(float) * sz);
+            cpu->ops->l2norm(cpu, x, n, d, 1e-6f, 0.0883883f);
+            gpu->ops->l2norm(gpu, dx, n, d, 1e-6f, 0.0883883f);
+            dev_get(xg, dx, sizeof(float) * sz);
+            char what[96];
+            snprintf(what, sizeof what, "l2norm n=%d d=%d", n, d);
+            check(what, x, xg, sz, 1e-7, 2e-6);
+            dev_free(dx), free(x), free(xg);
+        }
+}
+
+static void test_rope(void **st) {
+    (void)st;
+    struct { int heads, hd, n_rot; float base; } cfg[] = {{32, 128, 128, 1e6f}, {4, 128, 128, 1e6f},
+                                                          {16, 256, 64, 1e7f}, {3, 96, 32, 10000.0f}};
+    for (int ci = 0; ci < 4; ci++)
+        for (int ri = 0; ri < NROWS; ri++) {
+            int n = ROWS[ri], H = cfg[ci].heads, hd = cfg[ci].hd;
+            size_t sz = (size_t)n * H * hd;
+            float *x = rand_buf(sz, -2, 2), *xg = malloc(sizeof(float) * sz);
+            int32_t *pos = malloc(sizeof(int32_t) * n);
+            int start = (int)(rnd() * 40000);
+            for (int i = 0; i < n; i++) pos[i] = i % 7 == 3 ? (int)(rnd() * 100000) : start + i;
+            float *dx = dev_put(x, sizeof(float) * sz);
+            int32_t *dp = dev_put(pos, sizeof(int32_t) * n);
+            cpu->ops->rope(cpu, x, n, H, hd, cfg[ci].n_rot, pos, cfg[ci].base);
+            gpu->ops->rope(gpu, dx, n, H, hd, cfg[ci].n_rot, dp, cfg[ci].base);
+            dev_get(xg, dx, sizeof(float) * sz);
+            char what[96];
+            snprintf(what, sizeof what, "rope n=%d heads=%d head_dim=%d n_rot=%d", n, H, hd, cfg[ci].n_rot);
+            check(what, x, xg, sz, 2e-6, 2e-6);
+            dev_free(dx), dev_free(dp), free(x), free(xg), free(pos);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conv (state carried over two calls) and the element-wise ops
+
+static void test_conv(void **st) {
+    (void)st;
+    const int chans[] = {8192 + 4096, 1000, 33};
+    for (int ci = 0; ci < 3; ci++)
+        for (int ri = 0; ri < NROWS; ri++) {
+            int C = chans[ci], K = 4, n = ROWS[ri];
+            float *w = rand_buf((size_t)C * K, -1, 1), *state = rand_buf((size_t)(K - 1) * C, -2, 2);
+            float *dw = dev_put(w, sizeof(float) * C * K), *ds = dev_put(state, sizeof(float) * (K - 1) * C);
+            for (int call = 0; call < 2; call++) {
+                int nn = call ? (n % 5) + 1 : n; // then a short call: the state shifts partly
+                size_t sz = (size_t)nn * C;
+                float *x = rand_buf(sz, -2, 2), *y = malloc(sizeof(float) * sz), *yg = malloc(sizeof(float) * sz);
+                float *sg = malloc(sizeof(float) * (K - 1) * C);
+                float *dx = dev_put(x, sizeof(float) * sz), *dy = dev_put(NULL, sizeof(float) * sz);
+                st_conv_args a = {.x = x, .w = w, .state = state, .y = y, .n = nn, .channels = C, .kernel = K};
+                cpu->ops->conv(cpu, &a);
+                st_conv_args b = {.x = dx, .w = dw, .state = ds, .y = dy, .n = nn, .channels = C, .kernel = K};
+                gpu->ops->conv(gpu, &b);
+                dev_get(yg, dy, sizeof(float) * sz);
+                dev_get(sg, ds, sizeof(float) * (K - 1) * C);
+                char what[96];
+                snprintf(what, sizeof what, "conv y channels=%d n=%d call %d", C, nn, call);
+                check(what, y, yg, sz, 1e-6, 2e-6);
+                snprintf(what, sizeof what, "conv state channels=%d n=%d call %d", C, nn, call);
+                check(what, state, sg, (size_t)(K - 1) * C, 0, 0);
+                dev_free(dx), dev_free(dy), free(x), free(y), free(yg), free(sg);
+            }
+            dev_free(dw), dev_free(ds), free(w), free(state);
+        }
+}
+
+typedef enum { EW_ADD, EW_SWIGLU, EW_MUL_SIGMOID, EW_MUL_SILU } ew_kind;
+
+static void test_elementwise(void **st) {
+    (void)st;
+    const int64_t sizes[] = {1, 3, 17, 1000, 333 * 768 + 5};
+    const char *names[] = {"add", "swiglu", "mul_sigmoid", "mul_silu"};
+    for (int k = 0; k < 4; k++)
+        for (int si = 0; si < 5; si++) {
+            int64_t n = sizes[si];
+            float *y = rand_buf(n, -4, 4), *x = rand_buf(n, -30, 30), *out = malloc(sizeof(float) * n),
+                  *got = malloc(sizeof(float) * n);
+            float *dy = dev_put(y, sizeof(float) * n), *dx = dev_put(x, sizeof(float) * n);
+            switch ((ew_kind)k) {
+            case EW_ADD: cpu->ops->add(cpu, y, x, n), gpu->ops->add(gpu, dy, dx, n); break;
+            case EW_SWIGLU: cpu->ops->swiglu(cpu, x, y, y, n), gpu->ops->swiglu(gpu, dx, dy, dy, n); break;
+            case EW_MUL_SIGMOID: cpu->ops->mul_sigmoid(cpu, y, x, n), gpu->ops->mul_sigmoid(gpu, dy, dx, n); break;
+            case EW_MUL_SILU: cpu->ops->mul_silu(cpu, y, x, n), gpu->ops->mul_silu(gpu, dy, dx, n); break;
+            }
+            memcpy(out, y, sizeof(float) * n);
+            dev_get(got, dy, sizeof(float) * n);
+            char what[96];
+            snprintf(what, sizeof what, "%s n=%lld", names[k], (long long)n);
+            check(what, out, got, n, 1e-6, 1e-6);
+            dev_free(dy), dev_free(dx), free(y), free(x), free(out), free(got);
+        }
+}
+
+static void test_gated_rows_and_gates(void **st) {
+    (void)st;
+    for (int ri = 0; ri < NROWS; ri++) {
+        int n = ROWS[ri], d = 2047;
+        size_t sz = (size_t)n * d;
+        float *y = rand_buf(sz, -2, 2), *x = rand_buf(sz, -2, 2), *g = rand_buf(n, -6, 6), *got = malloc(sizeof(float) * sz);
+        float *dy = dev_put(y, sizeof(float) * sz), *dx = dev_put(x, sizeof(float) * sz), *dg = dev_put(g, sizeof(float) * n);
+        cpu->ops->add_gated_rows(cpu, y, x, g, n, d);
+        gpu->ops->add_gated_rows(gpu, dy, dx, dg, n, d);
+        dev_get(got, dy, sizeof(float) * sz);
+        char what[96];
+        snprintf(what, sizeof what, "add_gated_rows n=%d d=%d", n, d);
+        check(what, y, got, sz, 1e-6, 1e-6);
+        dev_free(dy), dev_free(dx), dev_free(dg), free(y), free(x), free(g), free(got);
+
+        int hk = 16, hv = 32;
+        float *ba = rand_buf((size_t)n * 2 * hv, -25, 25), *a = rand_buf(hv, -8, -0.1f), *bias = rand_buf(hv, -2, 2);
+        float *beta = malloc(sizeof(float) * n * hv), *gg = malloc(sizeof(float) * n * hv);
+        float *beta_g = malloc(sizeof(float) * n * hv), *gg_g = malloc(sizeof(float) * n * hv);
+        float *dba = dev_put(ba, sizeof(float) * n * 2 * hv), *da = dev_put(a, sizeof(float) * hv),
+              *dbias = dev_put(bias, sizeof(float) * hv), *dbeta = dev_put(NULL, sizeof(float) * n * hv),
+              *dgg = dev_put(NULL, sizeof(float) * n * hv);
+        cpu->ops->gdn_gates(cpu, ba, a, bias, beta, gg, n, hk, hv);
+        gpu->ops->gdn_gates(gpu, dba, da, dbias, dbeta, dgg, n, hk, hv);
+        dev_get(beta_g, dbeta, sizeof(float) * n * hv);
+        dev_get(gg_g, dgg, sizeof(float) * n * hv);
+        snprintf(what, sizeof what, "gdn_gates beta n=%d", n);
+        check(what, beta, beta_g, (size_t)n * hv, 1e-7, 1e-6);
+        snprintf(what, sizeof what, "gdn_gates g n=%d", n);
+        check(what, gg, gg_g, (size_t)n * hv, 1e-7, 1e-6);
+        dev_free(dba), dev_free(da), dev_free(dbias), dev_free(dbeta), dev_free(dgg);
+        free(ba), free(a), free(bias), free(beta), free(gg), free(beta_g), free(gg_g);
+    }
+}
+
+static void test_copies(void **st) {
+    (void)st;
+    for (int ri = 0; ri < NROWS; ri++) {
+        int n = ROWS[ri], heads = 16, A = 256, B = 256;
+        size_t sz = (size_t)n * heads * (A + B);
+        float *x = rand_buf(sz, -1, 1), *ya = malloc(sizeof(float) * n * heads * A), *yb = malloc(sizeof(float) * n * heads * B);
+        float *ga = malloc(sizeof(float) * n * heads * A), *gb = malloc(sizeof(float) * n * heads * B);
+        float *dx = dev_put(x, sizeof(float) * sz), *dya = dev_put(NULL, sizeof(float) * n * heads * A),
+              *dyb = dev_put(NULL, sizeof(float) * n * heads * B);
+        cpu->ops->split_heads(cpu, x, ya, yb, n, heads, A, B);
+        gpu->ops->split_heads(gpu, dx, dya, dyb, n, heads, A, B);
+        dev_get(ga, dya, sizeof(float) * n * heads * A);
+        dev_get(gb, dyb, sizeof(float) * n * heads * B);
+        check("split_heads a", ya, ga, (size_t)n * heads * A, 0, 0);
+        check("split_heads b", yb, gb, (size_t)n * heads * B, 0, 0);
+
+        // copy_cols: a 100-wide column range from x (ld 513) into y (ld 301) at column 37
+        int64_t ldx = 513, ldy = 301, w = 100;
+        float *src = rand_buf((size_t)n * ldx, -1, 1), *dst = rand_buf((size_t)n * ldy, -1, 1), *got = malloc(sizeof(float) * n * ldy);
+        float *dsrc = dev_put(src, sizeof(float) * n * ldx), *ddst = dev_put(dst, sizeof(float) * n * ldy);
+        cpu->ops->copy_cols(cpu, src, ldx, 411, dst, ldy, 37, n, w);
+        gpu->ops->copy_cols(gpu, dsrc, ldx, 411, ddst, ldy, 37, n, w);
+        dev_get(got, ddst, sizeof(float) * n * ldy);
+        char what[96];
+        snprintf(what, sizeof what, "copy_cols n=%d (and the columns it must not touch)", n);
+        check(what, dst, got, (size_t)n * ldy, 0, 0);
+        dev_free(dx), dev_free(dya), dev_free(dyb), dev_free(dsrc), dev_free(ddst);
+        free(x), free(ya), free(yb), free(ga), free(gb), free(src), free(dst), free(got);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router and argmax: ids exact. Logits are a shuffled ladder of distinct values (no near-ties),
+// with some exact duplicates placed on purpose (ties go to the lower id on both backends).
+
+static void ladder(float *x, int d, float step, int dups) {
+    for (int i = 0; i < d; i++) x[i] = (float)(i - d / 2) * step;
+    for (int i = d - 1; i > 0; i--) {
+        int j = (int)(rnd() * (i + 1));
+        float t = x[i];
+        x[i] = x[j], x[j] = t;
+    }
+    for (int k = 0; k < dups && d > 2; k++) x[(int)(rnd() * d)] = x[(int)(rnd() * d)];
+}
+
+static void test_moe_route(void **st) {
+    (void)st;
+    struct { int E, k; } cfg[] = {{128, 8}, {512, 10}, {60, 4}, {33, 16}};
+    for (int ci = 0; ci < 4; ci++)
+        for (int ri = 0; ri < NROWS; ri++) {
+            int n = ROWS[ri], E = cfg[ci].E, k = cfg[ci].k;
+            float *l = malloc(sizeof(float) * n * E);
+            for (int i = 0; i < n; i++) ladder(l + (size_t)i * E, E, 0.013f, i % 3 == 0 ? 6 : 0);
+            int32_t *ids = malloc(sizeof(int32_t) * n * k), *gids = malloc(sizeof(int32_t) * n * k);
+            float *w = malloc(sizeof(float) * n * k), *gw = malloc(sizeof(float) * n * k);
+            float *dl = dev_put(l, sizeof(float) * n * E), *dw = dev_put(NULL, sizeof(float) * n * k);
+            int32_t *dids = dev_put(NULL, sizeof(int32_t) * n * k);
+            cpu->ops->moe_route(cpu, l, n, E, k, ids, w);
+            gpu->ops->moe_route(gpu, dl, n, E, k, dids, dw);
+            dev_get(gids, dids, sizeof(int32_t) * n * k);
+            dev_get(gw, dw, sizeof(float) * n * k);
+            char what[96];
+            snprintf(what, sizeof what, "moe_route ids E=%d k=%d n=%d", E, k, n);
+            check_exact_i32(what, ids, gids, (size_t)n * k);
+            snprintf(what, sizeof what, "moe_route weights E=%d k=%d n=%d", E, k, n);
+            check(what, w, gw, (size_t)n * k, 1e-7, 1e-6);
+            dev_free(dl), dev_free(dw), dev_free(dids);
+            free(l), free(ids), free(gids), free(w), free(gw);
+        }
+}
+
+static void test_argmax(void **st) {
+    (void)st;
+    const int dims[] = {151936, 1000, 33, 151643};
+    const int rows[] = {1, 3, 17};
+    for (int di = 0; di < 4; di++)
+        for (int ri = 0; ri < 3; ri++) {
+            int n = rows[ri], d = dims[di];
+            float *x = malloc(sizeof(float) * n * d);
+            for (int i = 0; i < n; i++) {
+                float *r = x + (size_t)i * d;
+                ladder(r, d, 1e-3f, 0);
+                if (i % 2) { // the maximum twice: the first must win
+                    int best = 0;
+                    for (int j = 1; j < d; j++) best = r[j] > r[best] ? j : best;
+                    r[(int)(rnd() * d)] = r[best];
+                }
+            }
+            int32_t *ids = malloc(sizeof(int32_t) * n), *gids = malloc(sizeof(int32_t) * n);
+            float *dx = dev_put(x, sizeof(float) * n * d);
+            int32_t *dids = dev_put(NULL, sizeof(int32_t) * n);
+            cpu->ops->argmax(cpu, x, n, d, ids);
+            gpu->ops->argmax(gpu, dx, n, d, dids);
+            dev_get(gids, dids, sizeof(int32_t) * n);
+            char what[96];
+            snprintf(what, sizeof what, "argmax n=%d d=%d", n, d);
+            check_exact_i32(what, ids, gids, n);
+            dev_free(dx), dev_free(dids), free(x), free(ids), free(gids);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention: a cache filled over several calls (prompt chunks, decode steps, a verify window),
+// on both backends; outputs and the cache bytes written by each call compared.
+
+typedef struct attn_case {
+    int H, Hkv, D, n_ctx;
+    st_kv_type type;
+    const int *calls; // row counts, 0-terminated
+} attn_case;
+
+static const char *kv_name(st_kv_type t) { return t == ST_KV_F16 ? "f16" : t == ST_KV_Q8_0 ? "q8_0" : "f32"; }
+
+static float f16_val(uint16_t h) { return st_f16_to_f32(h); }
+
+// Cache rows [from, to) of both backends: f16 / f32 bytes exactly; q8_0 within one quantum.
+static void check_cache(const char *what, const st_kv_layer *kv, const void *cpu_base, const void *gpu_base,
+                        int from, int to) {
+    size_t bytes = kv->row_bytes * (size_t)(to - from);
+    char *g = malloc(bytes);
+    const char *c = (const char *)cpu_base + kv->row_bytes * (size_t)from;
+    dev_get(g, (const char *)gpu_base + kv->row_bytes * (size_t)from, bytes);
+    if (kv->type != ST_KV_Q8_0) {
+        for (size_t i = 0; i < bytes; i++)
+            if (c[i] != g[i]) fail_msg("%s: cache byte %zu of rows %d..%d differs", what, i, from, to - 1);
+    } else {
+        size_t nb = bytes / 34;
+        for (size_t b = 0; b < nb; b++) {
+            const char *cb = c + b * 34, *gb = g + b * 34;
+            uint16_t cd, gd;
+            memcpy(&cd, cb, 2), memcpy(&gd, gb, 2);
+            float dc = f16_val(cd), dg = f16_val(gd);
+            for (int j = 0; j < 32; j++) {
+                float vc = dc * (float)(int8_t)cb[2 + j], vg = dg * (float)(int8_t)gb[2 + j];
+                if (fabsf(vc - vg) > dc * 1.001f + 1e-30f)
+                    fail_msg("%s: q8_0 block %zu value %d: cpu %g gpu %g (d %g)", what, b, j, vc, vg, dc);
+            }
+        }
+    }
+    free(g);
+}
+
+static void run_attn_case(const attn_case *ac) {
+    int H = ac->H, Hkv = ac->Hkv, D = ac->D, nv = Hkv * D;
+    st_kv_layer kc = {.type = ac->type, .n_ctx = ac->n_ctx, .n_head_kv = Hkv, .head_dim = D,
+                      .row_bytes = st_kv_row_bytes(ac->type, nv)};
+    st_kv_layer kg = kc;
+    size_t cache_bytes = kc.row_bytes * (size_t)ac->n_ctx;
+    kc.k = calloc(1, cache_bytes), kc.v = calloc(1, cache_bytes);
+    kg.k = dev_put(NULL, cache_bytes), kg.v = dev_put(NULL, cache_bytes);
+    gpu->ops->zero(gpu, kg.k, cache_bytes), gpu->ops->zero(gpu, kg.v, cache_bytes);
+    int32_t *dpos = dev_put(NULL, sizeof(int32_t));
+    int pos = 0;
+    for (int ci = 0; ac->calls[ci]; ci++) {
+        int n = ac->calls[ci];
+        size_t nq = (size_t)n * H * D, nk = (size_t)n * nv;
+        float *q = rand_buf(nq, -1, 1), *k = rand_buf(nk, -1, 1), *v = rand_buf(nk, -1, 1);
+        // Some larger logits so the softmax is not flat.
+        for (size_t i = 0; i < nk; i += 7) k[i] *= 4;
+        float *out = malloc(sizeof(float) * nq), *got = malloc(sizeof(float) * nq);
+        float *dq = dev_put(q, sizeof(float) * nq), *dk = dev_put(k, sizeof(float) * nk), *dv = dev_put(v, sizeof(float) * nk),
+              *dout = dev_put(NULL, sizeof(float) * nq);
+        int32_t pos_h = pos;
+        gpu->ops->from_host(gpu, dpos, &pos_h, sizeof pos_h);
+        float scale = 1.0f / sqrtf((float)D);
+        st_attn_args a = {.kv = &kc, .pos_dev = &pos_h, .q = q, .k = k, .v = v, .out = out, .n = n, .pos0 = pos,
+                          .n_head = H, .scale = scale};
+        cpu->ops->attention(cpu, &a);
+        st_attn_args b = {.kv = &kg, .pos_dev = dpos, .q = dq, .k = dk, .v = dv, .out = dout, .n = n, .pos0 = pos,
+                          .n_head = H, .scale = scale};
+        gpu->ops->attention(gpu, &b);
+        dev_get(got, dout, sizeof(float) * nq);
+        char what[160];
+        snprintf(what, sizeof what, "attention %s H=%d Hkv=%d D=%d call %d: n=%d at pos %d", kv_name(ac->type), H, Hkv, D,
+                 ci, n, pos);
+        // Same cache contents on both sides; the outputs differ by summation order (and, for
+        // q8_0, by any value quantized one step apart).
+        check(what, out, got, nq, ac->type == ST_KV_Q8_0 ? 2e-3 : 2e-5, 1e-4);
+        check_cache(what, &kc, kc.k, kg.k, pos, pos + n);
+        check_cache(what, &kc, kc.v, kg.v, pos, pos + n);
+        pos += n;
+        dev_free(dq), dev_free(dk), dev_free(dv), dev_free(dout);
+        free(q), free(k), free(v), free(out), free(got);
+    }
+    dev_free(kg.k), dev_free(kg.v), dev_free(dpos), free(kc.k), free(kc.v);
+}
+
+static void test_attention(void **st) {
+    (void)st;
+    static const int short_calls[] = {17, 1, 1, 3, 16, 100, 1, 5, 0};
+    static const int long_calls[] = {333, 1000, 1700, 1, 1, 16, 1900, 17, 1, 7, 0};      // to 4977
+    static const attn_case cases[] = {
+        {8, 8, 128, 256, ST_KV_F16, short_calls},   // G = 1
+        {8, 4, 64, 256, ST_KV_Q8_0, short_calls},   // G = 2
+        {32, 4, 128, 256, ST_KV_F16, short_calls},  // Qwen3-30B: G = 8
+        {32, 4, 128, 256, ST_KV_Q8_0, short_calls},
+        {16, 2, 256, 256, ST_KV_F16, short_calls},  // Qwen3-Next: G = 8, head_dim 256
+        {16, 2, 256, 256, ST_KV_Q8_0, short_calls},
+        {6, 3, 96, 256, ST_KV_F32, short_calls},    // an odd head size, f32 cache
+        {8, 1, 64, 5000, ST_KV_F16, long_calls},    // long context: the split path late
+        {2, 1, 128, 5000, ST_KV_Q8_0, long_calls},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet: both GPU forms against the CPU step form, state carried across calls.
+
+static void unit_rows(float *x, int rows, int d, float scale) {
+    for (int i = 0; i < rows; i++) {
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)x[i * d + j] * x[i * d + j];
+        for (int j = 0; j < d; j++) x[i * d + j] = (float)(x[i * d + j] / sqrt(ss) * scale);
+    }
+}
+
+static void run_gdn(bool chunked, int d) {
+    int hk = 16, hv = 32;
+    static const int calls[] = {1, 3, 16, 17, 64, 65, 100, 300, 1, 0};
+    size_t ns = (size_t)hv * d * d;
+    float *S = rand_buf(ns, -0.5f, 0.5f), *Sg = malloc(sizeof(float) * ns);
+    float *dS = dev_put(S, sizeof(float) * ns);
+    for (int ci = 0; calls[ci]; ci++) {
+        int n = calls[ci];
+        size_t nk = (size_t)n * hk * d, nvv = (size_t)n * hv * d;
+        float *q = rand_buf(nk, -1, 1), *k = rand_buf(nk, -1, 1), *v = rand_buf(nvv, -1, 1);
+        float *beta = rand_buf((size_t)n * hv, 0.02f, 0.98f), *g = malloc(sizeof(float) * n * hv);
+        for (int i = 0; i < n * hv; i++) g[i] = (float)(i % 5 == 0 ? -1e-4 * rnd() : -3 * rnd() * rnd());
+        unit_rows(q, n * hk, d, 1.0f / sqrtf((float)d));
+        unit_rows(k, n * hk, d, 1.0f);
+        float *out = malloc(sizeof(float) * nvv), *got = malloc(sizeof(float) * nvv);
+        float *dq = dev_put(q, sizeof(float) * nk), *dk = dev_put(k, sizeof(float) * nk), *dv = dev_put(v, sizeof(float) * nvv),
+              *db = dev_put(beta, sizeof(float) * n * hv), *dg = dev_put(g, sizeof(float) * n * hv),
+              *dout = dev_put(NULL, sizeof(float) * nvv);
+        st_gdn_args a = {.q = q, .k = k, .v = v, .beta = beta, .g = g, .state = S, .out = out, .n = n, .h_k = hk, .h_v = hv, .d = d};
+        cpu->ops->gdn(cpu, &a);
+        st_gdn_args b = {.q = dq, .k = dk, .v = dv, .beta = db, .g = dg, .state = dS, .out = dout, .n = n, .h_k = hk, .h_v = hv, .d = d};
+        (chunked ? gpu->ops->gdn_chunked : gpu->ops->gdn)(gpu, &b);
+        dev_get(got, dout, sizeof(float) * nvv);
+        dev_get(Sg, dS, sizeof(float) * ns);
+        char what[96];
+        snprintf(what, sizeof what, "gdn%s d=%d call %d n=%d out", chunked ? "_chunked" : "", d, ci, n);
+        check(what, out, got, nvv, 1e-4, 1e-3);
+        snprintf(what, sizeof what, "gdn%s d=%d call %d n=%d state", chunked ? "_chunked" : "", d, ci, n);
+        check(what, S, Sg, ns, 1e-4, 1e-3);
+        // Carry the CPU's state to both sides so rounding differences do not compound.
+        gpu->ops->from_host(gpu, dS, S, sizeof(float) * ns);
+        dev_free(dq), dev_free(dk), dev_free(dv), dev_free(db), dev_free(dg), dev_free(dout);
+        free(q), free(k), free(v), free(beta), free(g), free(out), free(got);
+    }
+    dev_free(dS), free(S), free(Sg);
+}
+
+static void test_gdn_step(void **st) {
+    (void)st;
+    run_gdn(false, 128);
+    run_gdn(false, 64);
+}
+
+static void test_gdn_chunked(void **st) {
+    (void)st;
+    run_gdn(true, 128);
+    run_gdn(true, 64); // not the chunked kernel's size: the step form
+}
+
+// ---------------------------------------------------------------------------------------------
+// --bench
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Seconds per call of fn: a warm-up, then enough repetitions for ~0.2 s.
+typedef void (*bench_fn)(void *ctx);
+static double time_op(bench_fn fn, void *ctx) {
+    fn(ctx);
+    gpu_sync("bench warm-up");
+    int reps = 1;
+    for (;;) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) fn(ctx);
+        gpu_sync("bench");
+        double t = now_s() - t0;
+        if (t > 0.2 || reps >= (1 << 20)) return t / reps;
+        reps *= t < 0.02 ? 10 : 2;
+    }
+}
+
+static void attn_fn(void *ctx) { gpu->ops->attention(gpu, ctx); }
+static void gdn_fn(void *ctx) { gpu->ops->gdn(gpu, ctx); }
+static void gdn_chunked_fn(void *ctx) { gpu->ops->gdn_chunked(gpu, ctx); }
+
+typedef struct small_ctx {
+    float *x, *w;
+    int32_t *pos;
+    int n, d, heads;
+} small_ctx;
+static void rmsnorm_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->rmsnorm(gpu, s->x, s->w, s->x, s->n, s->d, 1e-6f);
+}
+static void rope_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->rope(gpu, s->x, s->n, s->heads, s->d, s->d, s->pos, 1e6f);
+}
+
+static void *dev_rand(size_t n, float lo, float hi) {
+    float *h = rand_buf(n, lo, hi);
+    void *d = dev_put(h, sizeof(float) * n);
+    free(h);
+    return d;
+}
+
+static int bench(void) {
+    printf("%-48s %12s %s\n", "op", "time", "rate");
+    // Attention, Qwen3-30B-A3B shape: 32 query heads, 4 kv heads, head_dim 128, f16 cache.
+    int H = 32, Hkv = 4, D = 128, n_ctx = 32768 + 16;
+    st_kv_layer kv = {.type = ST_KV_F16, .n_ctx = n_ctx, .n_head_kv = Hkv, .head_dim = D,
+                      .row_bytes = st_kv_row_bytes(ST_KV_F16, Hkv * D)};
+    size_t cb = kv.row_bytes * (size_t)n_ctx;
+    uint16_t *fill = malloc(cb);
+    for (size_t i = 0; i < cb / 2; i++) fill[i] = st_f32_to_f16((float)(2 * rnd() - 1));
+    kv.k = dev_put(fill, cb), kv.v = dev_put(fill, cb);
+    free(fill);
+    int nmax = 2048;
+    float *q = dev_rand((size_t)nmax * H * D, -1, 1), *k = dev_rand((size_t)nmax * Hkv * D, -1, 1),
+          *v = dev_rand((size_t)nmax * Hkv * D, -1, 1), *out = dev_put(NULL, sizeof(float) * nmax * H * D);
+    int32_t *dpos = dev_put(NULL, sizeof(int32_t));
+    const int ctxs[] = {1024, 8192, 32768};
+    for (int i = 0; i < 3; i++) {
+        for (int n = 1; n <= 16; n *= 16) {
+            int32_t p0 = ctxs[i] - n;
+            gpu->ops->from_host(gpu, dpos, &p0, sizeof p0);
+            st_attn_args a = {.kv = &kv, .pos_dev = dpos, .q = q, .k = k, .v = v, .out = out, .n = n, .pos0 = p0,
+                              .n_head = H, .scale = 0.088f};
+            double t = time_op(attn_fn, &a);
+            double gbs = 2.0 * kv.row_bytes * ctxs[i] / t / 1e9;
+            char name[96];
+            snprintf(name, sizeof name, "attention decode ctx %d n=%d (30B shape)", ctxs[i], n);
+            printf("%-48s %9.1f us %8.0f GB/s of KV\n", name, t * 1e6, gbs);
+        }
+    }
+    {
+        int32_t p0 = 0;
+        gpu->ops->from_host(gpu, dpos, &p0, sizeof p0);
+        st_attn_args a = {.kv = &kv, .pos_dev = dpos, .q = q, .k = k, .v = v, .out = out, .n = nmax, .pos0 = 0,
+                          .n_head = H, .scale = 0.088f};
+        double t = time_op(attn_fn, &a);
+        double flops = 4.0 * H * D * ((double)nmax * (nmax + 1) / 2);
+        printf("%-48s %9.1f us %8.0f GFLOPS\n", "attention prompt 2048 (30B shape)", t * 1e6, flops / t / 1e9);
+    }
+    dev_free(kv.k), dev_free(kv.v), dev_free(q), dev_free(k), dev_free(v), dev_free(out), dev_free(dpos);
+
+    // Gated DeltaNet, Qwen3-Next shape.
+    int hk = 16, hv = 32, d = 128;
+    float *gq = dev_rand((size_t)nmax * hk * d, -0.05f, 0.05f), *gk = dev_rand((size_t)nmax * hk * d, -0.08f, 0.08f),
+          *gv = dev_rand((size_t)nmax * hv * d, -1, 1), *gb = dev_rand((size_t)nmax * hv, 0.1f, 0.9f),
+          *gg = dev_rand((size_t)nmax * hv, -1, -0.01f), *gs = dev_rand((size_t)hv * d * d, -0.1f, 0.1f),
+          *go = dev_put(NULL, sizeof(float) * nmax * hv * d);
+    const int gn[] = {1, 16, 2048};
+    for (int i = 0; i < 3; i++) {
+        st_gdn_args a = {.q = gq, .k = gk, .v = gv, .beta = gb, .g = gg, .state = gs, .out = go, .n = gn[i], .h_k = hk,
+                         .h_v = hv, .d = d};
+        double t = time_op(gdn_fn, &a);
+        char name[96];
+        snprintf(name, sizeof name, "gdn step n=%d (Next shape)", gn[i]);
+        printf("%-48s %9.1f us %8.2f us/row\n", name, t * 1e6, t * 1e6 / gn[i]);
+        t = time_op(gdn_chunked_fn, &a);
+        snprintf(name, sizeof name, "gdn chunked n=%d (Next shape)", gn[i]);
+        printf("%-48s %9.1f us %8.2f us/row\n", name, t * 1e6, t * 1e6 / gn[i]);
+    }
+    dev_free(gq), dev_free(gk), dev_free(gv), dev_free(gb), dev_free(gg), dev_free(gs), dev_free(go);
+
+    // Tiny-op latency (a launch each; inside a graph the launch overhead mostly goes away).
+    small_ctx s = {.x = dev_rand(2048 * 32, -1, 1), .w = dev_rand(2048, 0.5f, 1.5f), .n = 1, .d = 2048};
+    int32_t p = 1234;
+    s.pos = dev_put(&p, sizeof p);
+    printf("%-48s %9.1f us\n", "rmsnorm n=1 d=2048", time_op(rmsnorm_fn, &s) * 1e6);
+    s.d = 128, s.heads = 32;
+    printf("%-48s %9.1f us\n", "rope n=1 32 heads x 128", time_op(rope_fn, &s) * 1e6);
+    dev_free(s.x), dev_free(s.w), dev_free(s.pos);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (!st_cuda_available()) {
+        printf("SKIPPED: built without CUDA\n");
+        return 77;
+    }
+    st_gpu_info info[8];
+    int ngpu = 0;
+    char why[256] = "";
+    if (st_cuda_devices(info, 8, &ngpu, why, sizeof why) != ST_OK || ngpu == 0) {
+        printf("SKIPPED: no GPU (%s)\n", why);
+        return 77;
+    }
+    if (st_backend_cpu_create(2, &cpu) != ST_OK || st_backend_cuda_create(0, 256 << 20, 2, &gpu) != ST_OK) {
+        fprintf(stderr, "cannot create the backends: %s\n", st_error());
+        return 1;
+    }
+    int rc;
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        printf("GPU 0: %s\n", info[0].name);
+        rc = bench();
+    } else {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_l2norm),
+            cmocka_unit_test(test_rope),          cmocka_unit_test(test_conv),
+            cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gated_rows_and_gates),
+            cmocka_unit_test(test_copies),        cmocka_unit_test(test_moe_route),
+            cmocka_unit_test(test_argmax),        cmocka_unit_test(test_attention),
+            cmocka_unit_test(test_gdn_step),      cmocka_unit_test(test_gdn_chunked),
+        };
+        rc = cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    st_backend_free(gpu);
+    st_backend_free(cpu);
+    return rc;
+}
