@@ -66,6 +66,10 @@ strata_status strata_session_eval(strata_session *s, const int32_t *tokens, int 
 strata_status strata_session_eval_hidden(strata_session *s, const int32_t *tokens, int n, float *logits,
                                          float *hidden);
 
+// Feeds n tokens like strata_session_eval and writes the greedy next token (the argmax of the
+// last position's logits; ties: the lowest id) to *best. On a GPU only the id leaves the device.
+strata_status strata_session_eval_argmax(strata_session *s, const int32_t *tokens, int n, int32_t *best);
+
 // Drafting with the model's MTP layer (strata_model_info.has_mtp). Row i takes hidden[i], the
 // final hidden state of position t = pos + i (from strata_session_eval_hidden, or hidden_out of
 // an earlier call when chaining drafts), and tokens[i], the token at t+1; it writes logits[i]

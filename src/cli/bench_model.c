@@ -23,13 +23,6 @@ static void usage(FILE *f) {
                "  --kv f16|q8_0      KV cache type (default f16)\n");
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 int st_bench_model(int argc, char **argv) {
     const char *model = NULL, *prompts = "512,2048", *kv = "f16", *v;
     int64_t threads = 0, decode = 128, batch = 512;
@@ -104,9 +97,8 @@ int st_bench_model(int argc, char **argv) {
         strata_session *s = NULL;
         strata_session_params sp = {.n_ctx = n + 16, .n_batch = (int)batch, .kv_type = kv_type};
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n + 16));
-        float *logits = malloc(sizeof(float) * (size_t)info.n_vocab);
-        if (!toks || !logits || strata_session_open(m, &sp, &s)) {
-            fprintf(stderr, "strata: %s\n", toks && logits ? strata_error() : "out of memory");
+        if (!toks || strata_session_open(m, &sp, &s)) {
+            fprintf(stderr, "strata: %s\n", toks ? strata_error() : "out of memory");
             rc = 1;
         }
         for (int i = 0; !rc && i < n + 16; i++) {
@@ -122,10 +114,8 @@ int st_bench_model(int argc, char **argv) {
             rc = strata_session_eval(s, toks, 8, NULL) != 0; // warm-up context
             int32_t tok = toks[8];
             t0 = st_time_s();
-            for (int i = 0; i < n && !rc; i++) {
-                rc = strata_session_eval(s, &tok, 1, logits) != 0;
-                tok = argmax(logits, info.n_vocab);
-            }
+            for (int i = 0; i < n && !rc; i++) // greedy, as generate does it (on a GPU: the id only)
+                rc = strata_session_eval_argmax(s, &tok, 1, &tok) != 0;
             t1 = st_time_s();
         }
         if (rc) fprintf(stderr, "strata: %s\n", strata_error());
@@ -138,7 +128,6 @@ int st_bench_model(int argc, char **argv) {
         }
         strata_session_close(s);
         free(toks);
-        free(logits);
     }
     strata_model_close(m);
     return rc;

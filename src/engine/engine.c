@@ -371,15 +371,28 @@ static void stop_consume(stop_filter *f, size_t n) {
     f->len -= n;
 }
 
-// Feeds tokens and leaves the last row's logits in `logits`.
-static st_status feed(strata_session *s, const int32_t *tokens, int n, float *logits) {
+// Feeds tokens and leaves the last row's logits in `logits` and / or its greedy token in *best
+// (either may be NULL; with logits NULL a GPU sends back only the token).
+static st_status feed(strata_session *s, const int32_t *tokens, int n, float *logits, int32_t *best) {
     for (int i = 0; i < n; i += s->n_batch) {
         int rows = n - i < s->n_batch ? n - i : s->n_batch;
         bool last = i + rows >= n;
-        st_forward_out out = {.logits = last ? logits : NULL, .want_all = false};
+        st_forward_out out = {.logits = last ? logits : NULL, .want_all = false, .argmax = last ? best : NULL};
         ST_TRY(forward(s, tokens + i, rows, &out));
     }
     return ST_OK;
+}
+
+strata_status strata_session_eval_argmax(strata_session *s, const int32_t *tokens, int n, int32_t *best) {
+    if (n < 1) return st_fail(ST_ERR_ARG, "eval: no tokens");
+    return feed(s, tokens, n, NULL, best);
+}
+
+// Plain greedy decoding: the token is the argmax of the raw logits (no penalty changes them),
+// which a GPU picks itself.
+static bool plain_greedy(const strata_sampling *p) {
+    return p->temperature <= 0 && p->repeat_penalty == 1 &&
+           p->presence_penalty == 0 && p->frequency_penalty == 0;
 }
 
 strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_prompt,
@@ -403,14 +416,17 @@ strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_pr
     st_status st = logits && hist && ds ? ST_OK : st_fail(ST_ERR_NOMEM, "generation: out of memory");
     if (!st) memcpy(hist, prompt, sizeof(int32_t) * n_prompt);
     double t0 = st_time_s();
-    if (!st) st = feed(s, prompt, n_prompt, logits);
+    // On a GPU, plain greedy decoding reads back one token id per step instead of the logits.
+    bool dev_greedy = plain_greedy(&p->sampling) && !m->backend->ops->host_memory;
+    int32_t best = 0;
+    if (!st) st = feed(s, prompt, n_prompt, dev_greedy ? NULL : logits, dev_greedy ? &best : NULL);
     stats->n_prompt = n_prompt;
     stats->prompt_s = st_time_s() - t0;
     t0 = st_time_s();
     int n_hist = n_prompt;
     stats->stop_reason = "length";
     while (!st && stats->n_generated < max_new) {
-        int32_t tok = st_sampler_sample(smp, logits, hist, n_hist);
+        int32_t tok = dev_greedy ? best : st_sampler_sample(smp, logits, hist, n_hist);
         if (st_token_is_eog(m->tok, tok)) {
             stats->stop_reason = "eog";
             break;
@@ -438,7 +454,7 @@ strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_pr
             stats->stop_reason = p->max_tokens > 0 && max_new == p->max_tokens ? "length" : "context";
             break;
         }
-        st = feed(s, &tok, 1, logits);
+        st = feed(s, &tok, 1, dev_greedy ? NULL : logits, dev_greedy ? &best : NULL);
     }
     if (!st && strcmp(stats->stop_reason, "stop") && strcmp(stats->stop_reason, "callback")) {
         const char *text; // what the stream and the stop filter still hold is final now
