@@ -25,6 +25,7 @@ int st_cmd_tokenize(int argc, char **argv);   // cmd_tokenize.c
 int st_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
 int st_cmd_template(int argc, char **argv);   // cmd_template.c
 int st_cmd_quantize(int argc, char **argv);   // cmd_quantize.c
+int st_cmd_serve(int argc, char **argv);      // cmd_serve.c
 int st_bench_tokenizer(int argc, char **argv); // bench_tokenizer.c: `strata bench tokenizer`
 // Loads a tokenizer from a GGUF (gguf_path) or a tokenizer.json (json_path, if not NULL).
 typedef struct st_tokenizer st_tokenizer;
@@ -48,3 +49,6 @@ bool st_cli_opt(int argc, char **argv, int *i, const char *name, const char **va
 // Parses an integer / float argument, printing a clear error naming the flag when malformed.
 bool st_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out);
 bool st_cli_float(const char *flag, const char *text, double *out);
+// The embedded default model (models/tiny-coder.gguf), looked up in the current folder, then
+// beside the binary's repository (build/strata -> ../models/).
+const char *st_cli_default_model(void);

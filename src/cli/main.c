@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -26,6 +27,7 @@ static const cmd cmds[] = {
     {"detokenize", st_cmd_detokenize, "token ids to text"},
     {"template", st_cmd_template, "render a chat template with messages and tools"},
     {"quantize", st_cmd_quantize, "rewrite a GGUF with its weights in another type (q4_K, q8_0, ...)"},
+    {"serve", st_cmd_serve, "serve the model over HTTP (OpenAI and Anthropic APIs, web page)"},
 };
 #define N_CMDS (int)(sizeof cmds / sizeof cmds[0])
 
@@ -105,4 +107,19 @@ bool st_cli_float(const char *flag, const char *text, double *out) {
     }
     *out = v;
     return true;
+}
+
+const char *st_cli_default_model(void) {
+    static const char rel[] = "models/tiny-coder.gguf";
+    static char path[4096];
+    if (access(rel, R_OK) == 0) return rel;
+    char exe[4000];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return rel;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return rel;
+    *slash = 0;
+    snprintf(path, sizeof path, "%s/../%s", exe, rel);
+    return access(path, R_OK) == 0 ? path : rel;
 }

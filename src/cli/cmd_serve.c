@@ -1,0 +1,110 @@
+// cli: `strata serve`: reads the configuration (strata-NAME.json, then flags), checks all of it
+// before the model loads, runs the HTTP server until SIGINT/SIGTERM, then drains and exits.
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "server/server.h"
+
+static void help(void) {
+    printf("usage: strata serve [--config strata-NAME.json] [options]\n\n"
+           "Serves the model over HTTP: the OpenAI API (/v1/chat/completions, /v1/completions,\n"
+           "/v1/models), the Anthropic API (/v1/messages), /health, /metrics, /props, /status and\n"
+           "the web page at /. Every option is also a key of the config file (\"--max-body-mib 8\" is\n"
+           "\"max_body_mib\": 8); options on the command line win over the file. docs/SERVER.md has\n"
+           "the details.\n\n"
+           "  --config FILE         a strata-NAME.json (its \"args\" are extra options)\n");
+    st_server_config_help(stdout);
+}
+
+int st_cmd_serve(int argc, char **argv) {
+    const char *config = NULL;
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    int n_rest = 0;
+    if (!rest) return st_cli_fail(ST_ERR_NOMEM);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            help();
+            free(rest);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "strata serve: --config needs a file\n");
+                free(rest);
+                return 2;
+            }
+            config = argv[++i];
+            continue;
+        }
+        rest[n_rest++] = argv[i];
+    }
+    st_server_config cfg;
+    st_server_config_init(&cfg);
+    st_status st = config ? st_server_config_load(&cfg, config) : ST_OK;
+    if (!st) st = st_server_config_args(&cfg, n_rest, rest);
+    free(rest);
+    if (!st && !cfg.model) cfg.model = strdup(st_cli_default_model());
+    if (!st) st = st_server_config_check(&cfg);
+    if (st) {
+        fprintf(stderr, "strata serve: %s\n", st_error());
+        st_server_config_free(&cfg);
+        return 2;
+    }
+    if (strcmp(cfg.gpu, "auto") && strcmp(cfg.gpu, "cpu"))
+        st_log_warn("serve: gpu %s asked for, but this build runs on the CPU only (the GPU backend is not in it yet)",
+                    cfg.gpu);
+    if (cfg.layer_split) st_log_warn("serve: layer_split is kept for several GPUs, which this build does not run yet");
+
+    // SIGINT/SIGTERM go to this thread only (sigwait below): every thread started from here on
+    // inherits the mask. A closed socket must not kill the process.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    double t0 = st_time_s();
+    fprintf(stderr, "strata serve: loading %s\n", cfg.model);
+    strata_model *m = NULL;
+    strata_model_params mp = {.path = cfg.model, .n_threads = cfg.threads};
+    if (strata_model_open(&mp, &m)) {
+        int rc = st_cli_fail(ST_ERR_IO);
+        st_server_config_free(&cfg);
+        return rc;
+    }
+    st_server *srv;
+    if (st_server_start(&cfg, m, cfg.model, &srv)) {
+        int rc = st_cli_fail(ST_ERR_IO);
+        strata_model_close(m);
+        st_server_config_free(&cfg);
+        return rc;
+    }
+    fprintf(stderr, "strata serve: ready in %.1f s: http://%s%s%s:%d/ (API at /v1, %d slot%s%s)\n", st_time_s() - t0,
+            strchr(cfg.host, ':') ? "[" : "", cfg.host, strchr(cfg.host, ':') ? "]" : "", cfg.port, cfg.parallel,
+            cfg.parallel > 1 ? "s" : "", cfg.api_key && *cfg.api_key ? ", API key required" : "");
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig)) {}
+    fprintf(stderr, "strata serve: %s: finishing the running requests (up to %d s; again to stop now)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", cfg.drain_timeout);
+    double until = st_time_s() + cfg.drain_timeout;
+    bool drained = false;
+    while (!drained && st_time_s() < until) {
+        drained = st_server_drain(srv, 0.1);
+        struct timespec zero = {0, 0};
+        if (!drained && sigtimedwait(&sigs, NULL, &zero) > 0) break; // a second signal: stop now
+    }
+    st_server_free(srv);
+    strata_model_close(m);
+    st_server_config_free(&cfg);
+    fprintf(stderr, "strata serve: stopped%s\n", drained ? "" : " (requests still running were cancelled)");
+    return 0;
+}
