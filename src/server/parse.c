@@ -54,19 +54,20 @@ static size_t partial_tag(const char *buf, size_t n, const char *tag) {
 // Hands out text of the current kind. Whitespace at the end is kept back (trailing whitespace
 // before a tag, or at the very end, is dropped); whitespace at the start after a tag too.
 static size_t emit_text(st_out_parser *p, size_t n, bool final, st_out_fn fn, void *ctx) {
-    size_t from = 0, to = n;
+    size_t from = 0, end = n;
     if (p->skip_ws)
-        while (from < to && is_ws(p->buf[from])) from++;
-    if (from == to) return final ? n : from; // only whitespace: drop it when final, else keep it
-    size_t end = to;
+        while (from < n && is_ws(p->buf[from])) from++;
     while (end > from && is_ws(p->buf[end - 1])) end--;
-    to = end; // trailing whitespace waits for what follows it (and is dropped before a tag)
-    st_out_event ev = {.kind = p->mode == MODE_REASONING ? ST_OUT_REASONING : ST_OUT_CONTENT,
-                       .text = p->buf + from, .len = to - from};
-    fn(ctx, &ev);
-    p->skip_ws = false;
-    if (p->mode == MODE_CONTENT) p->said_anything = true;
-    return final ? n : to;
+    if (end > from) {
+        st_out_event ev = {.kind = p->mode == MODE_REASONING ? ST_OUT_REASONING : ST_OUT_CONTENT,
+                           .text = p->buf + from, .len = end - from};
+        fn(ctx, &ev);
+        p->skip_ws = false;
+        if (p->mode == MODE_CONTENT) p->said_anything = true;
+    }
+    // Consumed: all of it when final; else up to the trailing whitespace, which waits for what
+    // follows it (and is dropped before a tag).
+    return final ? n : end > from ? end : from;
 }
 
 static void consume(st_out_parser *p, size_t n) {
@@ -120,6 +121,9 @@ static st_status process(st_out_parser *p, st_out_fn fn, void *ctx) {
         const char *hit = NULL, *hit_tag = NULL;
         for (int i = 0; i < n_tags; i++) {
             const char *at = find(p->buf, p->len, tags[i]);
+            if (at && tags[i] == TAG_THINK) // reasoning opens the reply: after words it is text
+                for (const char *q = p->buf; q < at && at; q++)
+                    if (!is_ws(*q)) at = NULL;
             if (at && (!hit || at < hit)) hit = at, hit_tag = tags[i];
         }
         if (hit) {
