@@ -1,0 +1,1107 @@
+// backend/cuda: matmul, get_rows and the routed experts over quantized weights. Decode windows
+// (n <= 16): activations quantized on the device to int8 blocks of 32, then one warp per weight
+// row with __dp4a dots against every activation row (weights read once); prompt chunks: weights
+// dequantized to bf16 in pieces and cuBLAS. Unpacking of each type lives in quant_unpack.cuh.
+
+#include <stdio.h>
+#include <string.h>
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/quant_unpack.cuh"
+
+extern "C" {
+#include "quant/iq_tables.h"
+}
+
+// Rows from which matmul dequantizes and calls cuBLAS instead of the matrix-vector kernels.
+// Must be > ST_CUDA_GRAPH_ROWS (cuBLAS and piecewise dequant are not capture-safe here).
+// TODO: measure the crossover on the H200 (17 is the smallest legal value).
+#define ST_CUQ_GEMM_FROM (ST_CUDA_GRAPH_ROWS + 1)
+// The bf16 copy of a weight is made in pieces of rows no bigger than this (the 151936-row
+// head would take 622 MB at once).
+#define ST_CUQ_DEQ_BYTES ((size_t)128 << 20)
+#define ST_CUQ_WARPS 4 // warps per block of the matrix-vector kernels, one weight row each
+#define ST_CUQ_MAX_DEV 64
+
+#define CUQ_FAIL(c, ...) st_cuda_fail_msg((c), __FILE__, __LINE__, __VA_ARGS__)
+
+// ---------------------------------------------------------------------------------------------
+// Tables: copied once per device from the CPU's, outside graph recording (an op's first call
+// is never recorded).
+
+static bool quant_tables_ready[ST_CUQ_MAX_DEV];
+
+static bool quant_tables(st_cuda *c) {
+    if (c->device < 0 || c->device >= ST_CUQ_MAX_DEV) {
+        CUQ_FAIL(c, "device index %d out of range for the quant tables", c->device);
+        return false;
+    }
+    if (quant_tables_ready[c->device]) return true;
+    if (c->capturing) {
+        CUQ_FAIL(c, "quant tables first needed while recording a graph");
+        return false;
+    }
+    uint32_t kv[4];
+    memcpy(kv, st_kvalues_iq4nl, sizeof kv);
+    // TODO(lead): call a quant init from st_backend_cuda_create instead of this lazy copy.
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq2xxs, st_iq2xxs_grid, sizeof st_iq2xxs_grid, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq2xs, st_iq2xs_grid, sizeof st_iq2xs_grid, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq2s, st_iq2s_grid, sizeof st_iq2s_grid, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq3xxs, st_iq3xxs_grid, sizeof st_iq3xxs_grid, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq3s, st_iq3s_grid, sizeof st_iq3s_grid, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq1s, st_iq1s_grid, sizeof st_iq1s_grid, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_ksigns, st_ksigns_iq2xs, sizeof st_ksigns_iq2xs, 0, cudaMemcpyHostToDevice, c->stream));
+    ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_kvalues, kv, sizeof kv, 0, cudaMemcpyHostToDevice, c->stream));
+    // The host sources are pageable, so the copies are staged before returning; still, wait so
+    // kv (on the stack) is certainly consumed.
+    ST_CU(c, cudaStreamSynchronize(c->stream));
+    if (c->err) return false;
+    quant_tables_ready[c->device] = true;
+    return true;
+}
+
+static bool is_float_type(st_type t) { return t == ST_TYPE_F32 || t == ST_TYPE_F16 || t == ST_TYPE_BF16; }
+
+bool st_cuda_type_supported(st_type t) {
+    switch (t) {
+#define CASE(T) case T:
+        ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+    case ST_TYPE_F32:
+    case ST_TYPE_F16:
+    case ST_TYPE_BF16: return true;
+    default: return false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: rows of floats to int8 blocks of 32 with a float scale and the float sum of the
+// block (q8_1 style, scale amax/127, round half away from zero as the CPU's q8_0).
+
+// (rows, cols) int8 values followed by (rows, cols / 32) float2 {scale, sum}.
+struct st_act {
+    const int8_t *q;
+    const float2 *ds;
+    int cols; // multiple of 32
+};
+
+static size_t act_bytes(int rows, int cols) {
+    size_t qb = ((size_t)rows * cols + 255) / 256 * 256;
+    return qb + sizeof(float2) * (size_t)rows * (cols / 32);
+}
+
+static st_act act_view(void *buf, int rows, int cols) {
+    size_t qb = ((size_t)rows * cols + 255) / 256 * 256;
+    st_act a = {(const int8_t *)buf, (const float2 *)((char *)buf + qb), cols};
+    return a;
+}
+
+// One warp per block of 32: blockDim 256 = 8 blocks.
+__global__ void quantize_q8_kernel(const float *x, int64_t nblocks, int8_t *q, float2 *ds) {
+    int64_t blk = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (blk >= nblocks) return;
+    int lane = threadIdx.x & 31;
+    float v = x[blk * 32 + lane];
+    float amax = fabsf(v), sum = v;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    q[blk * 32 + lane] = (int8_t)roundf(v * id);
+    if (lane == 0) ds[blk] = make_float2(d, sum);
+}
+
+// Quantizes x (rows, cols) into scratch slot `slot`; NULL view (q == NULL) on failure.
+static st_act quantize_act(st_cuda *c, int slot, const float *x, int rows, int cols) {
+    st_act a = {NULL, NULL, cols};
+    void *buf = st_cuda_scratch(c, slot, act_bytes(rows, cols));
+    if (!buf) return a;
+    a = act_view(buf, rows, cols);
+    int64_t nb = (int64_t)rows * (cols / 32);
+    if (nb == 0) return a;
+    quantize_q8_kernel<<<(unsigned)((nb + 7) / 8), 256, 0, c->stream>>>(x, nb, (int8_t *)a.q, (float2 *)a.ds);
+    ST_CU_LAUNCHED(c, "quantize_q8");
+    return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The warp dot: one weight row against up to NX activation rows (row xr[j] of the activations
+// for j < nx), each lane taking every 32nd chunk of 32 weights. Sums are left per lane.
+
+// Activation row of member j: j itself (matmul) or a list in shared memory (experts).
+struct st_xrows {
+    const int *p;
+    __device__ __forceinline__ int operator[](int j) const { return p ? p[j] : j; }
+};
+
+__device__ __forceinline__ float warp_sum_q(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Adds one unpacked chunk times activation row xr's chunk c to acc.
+template <int T>
+__device__ __forceinline__ float chunk_dot(const st_wchunk &w, const st_act &a, int xr, int nchunk, int c) {
+    const int4 *p = (const int4 *)(a.q + (size_t)xr * a.cols + (size_t)c * 32);
+    int4 x0 = p[0], x1 = p[1];
+    int d0 = __dp4a(w.q[0], x0.x, __dp4a(w.q[1], x0.y, __dp4a(w.q[2], x0.z, __dp4a(w.q[3], x0.w, 0))));
+    int d1 = __dp4a(w.q[4], x1.x, __dp4a(w.q[5], x1.y, __dp4a(w.q[6], x1.z, __dp4a(w.q[7], x1.w, 0))));
+    float2 ds = a.ds[(size_t)xr * nchunk + c];
+    float v = w.s0 * (float)d0 + w.s1 * (float)d1;
+    if (st_qt<T>::HAS_MIN) {
+        // Offsets times the sums of the quantized activations (per 16: Q2_K's mins are per 16).
+        const int ones = 0x01010101;
+        int s0 = __dp4a(ones, x0.x, __dp4a(ones, x0.y, __dp4a(ones, x0.z, __dp4a(ones, x0.w, 0))));
+        int s1 = __dp4a(ones, x1.x, __dp4a(ones, x1.y, __dp4a(ones, x1.z, __dp4a(ones, x1.w, 0))));
+        v += w.m0 * (float)s0 + w.m1 * (float)s1;
+    }
+    return ds.x * v;
+}
+
+// Weight rows are streamed through shared memory 32 chunks at a time: the warp copies the
+// span with 16-byte loads (coalesced whatever the block size: Q8_0's 34-byte blocks would
+// otherwise be read with scattered 2-byte loads), each lane then unpacks its chunk there. The
+// copy keeps the global address modulo 16, so the unpackers' alignment assumptions hold, and
+// the next span is loaded into registers while the current one is computed.
+template <int T> struct st_span {
+    static constexpr int CPB = st_qt<T>::QK / 32;            // chunks per block
+    static constexpr int BYTES = 32 / CPB * st_qt<T>::BS;    // bytes of 32 chunks
+    static constexpr int WORDS = (BYTES + 15) / 16 + 1;      // 16-byte words, one more for the skew
+    static constexpr int PL = (WORDS + 31) / 32;             // words per lane
+};
+
+// Loads the words of the span starting at chunk c0 (a multiple of 32) into buf.
+template <int T>
+__device__ __forceinline__ void span_load(const uint8_t *row, int c0, int nchunk, uint4 (&buf)[st_span<T>::PL]) {
+    constexpr int CPB = st_span<T>::CPB, BS = st_qt<T>::BS;
+    int c1 = c0 + 32 < nchunk ? c0 + 32 : nchunk;
+    const uint8_t *A = row + (size_t)(c0 / CPB) * BS, *B = row + (size_t)((c1 + CPB - 1) / CPB) * BS;
+    const uint8_t *A0 = (const uint8_t *)((uintptr_t)A & ~(uintptr_t)15);
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int p = 0; p < st_span<T>::PL; p++) {
+        const uint8_t *v = A0 + 16 * (size_t)(lane + 32 * p);
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (v + 16 <= B) {
+            w = *(const uint4 *)v;
+        } else if (v < B) { // the span's last partial word: never read past the matrix
+            uint32_t u[4] = {0, 0, 0, 0};
+            int nh = (int)(B - v) / 2; // halfwords left (B is even: blocks have even sizes)
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (k < nh) u[k / 2] |= (uint32_t)((const uint16_t *)v)[k] << (16 * (k & 1));
+            w = make_uint4(u[0], u[1], u[2], u[3]);
+        }
+        buf[p] = w;
+    }
+}
+
+// Stores buf to the warp's shared words; returns where chunk c0's block starts there.
+template <int T>
+__device__ __forceinline__ const uint8_t *span_store(const uint8_t *row, int c0, const uint4 (&buf)[st_span<T>::PL],
+                                                     uint4 *sm) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int p = 0; p < st_span<T>::PL; p++) sm[lane + 32 * p] = buf[p];
+    const uint8_t *A = row + (size_t)(c0 / st_span<T>::CPB) * st_qt<T>::BS;
+    return (const uint8_t *)sm + ((uintptr_t)A & 15);
+}
+
+template <int T, int NX>
+__device__ __forceinline__ void row_dot(const uint8_t *wrow, int nchunk, const st_act &a, const st_xrows &xr,
+                                        int nx, float (&acc)[NX], uint4 *sm) {
+    int lane = threadIdx.x & 31;
+    uint4 buf[st_span<T>::PL];
+    span_load<T>(wrow, 0, nchunk, buf);
+    for (int c0 = 0; c0 < nchunk; c0 += 32) {
+        const uint8_t *base = span_store<T>(wrow, c0, buf, sm);
+        __syncwarp();
+        if (c0 + 32 < nchunk) span_load<T>(wrow, c0 + 32, nchunk, buf);
+        int c = c0 + lane;
+        if (c < nchunk) {
+            st_wchunk w;
+            st_qt<T>::unpack(base, c - c0, w);
+#pragma unroll
+            for (int j = 0; j < NX; j++)
+                if (j < nx) acc[j] += chunk_dot<T>(w, a, xr[j], nchunk, c);
+        }
+        __syncwarp();
+    }
+}
+
+// gate and up rows share the activation loads.
+template <int T, int NX>
+__device__ __forceinline__ void row_dot2(const uint8_t *grow, const uint8_t *urow, int nchunk, const st_act &a,
+                                         const st_xrows &xr, int nx, float (&ag)[NX], float (&au)[NX], uint4 *smg,
+                                         uint4 *smu) {
+    int lane = threadIdx.x & 31;
+    uint4 bg[st_span<T>::PL], bu[st_span<T>::PL];
+    span_load<T>(grow, 0, nchunk, bg);
+    span_load<T>(urow, 0, nchunk, bu);
+    for (int c0 = 0; c0 < nchunk; c0 += 32) {
+        const uint8_t *base_g = span_store<T>(grow, c0, bg, smg), *base_u = span_store<T>(urow, c0, bu, smu);
+        __syncwarp();
+        if (c0 + 32 < nchunk) {
+            span_load<T>(grow, c0 + 32, nchunk, bg);
+            span_load<T>(urow, c0 + 32, nchunk, bu);
+        }
+        int c = c0 + lane;
+        if (c < nchunk) {
+            st_wchunk g, u;
+            st_qt<T>::unpack(base_g, c - c0, g);
+            st_qt<T>::unpack(base_u, c - c0, u);
+#pragma unroll
+            for (int j = 0; j < NX; j++)
+                if (j < nx) {
+                    ag[j] += chunk_dot<T>(g, a, xr[j], nchunk, c);
+                    au[j] += chunk_dot<T>(u, a, xr[j], nchunk, c);
+                }
+        }
+        __syncwarp();
+    }
+}
+
+// Float weights against float activations: 8 elements per lane and step when rows and x are
+// 16-byte aligned, one element otherwise.
+template <int T> __device__ __forceinline__ float ld_wf(const uint8_t *row, int64_t e) {
+    if (T == ST_TYPE_F32) return ((const float *)row)[e];
+    if (T == ST_TYPE_F16) return __half2float(((const __half *)row)[e]);
+    return __uint_as_float((uint32_t)((const uint16_t *)row)[e] << 16);
+}
+
+template <int T> __device__ __forceinline__ void ld_wf8(const uint8_t *p, float v[8]) {
+    if (T == ST_TYPE_F32) {
+        float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        uint4 a = *(const uint4 *)p;
+        uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (T == ST_TYPE_F16) {
+                float2 f = __half22float2(*(const __half2 *)&u[i]);
+                v[2 * i] = f.x;
+                v[2 * i + 1] = f.y;
+            } else {
+                v[2 * i] = __uint_as_float(u[i] << 16);
+                v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+            }
+        }
+    }
+}
+
+template <int T, int NX>
+__device__ __forceinline__ void row_dot_f(const uint8_t *wrow, int cols, const float *x, int64_t ldx,
+                                          const st_xrows &xr, int nx, float (&acc)[NX]) {
+    int lane = threadIdx.x & 31;
+    bool vec = cols % 8 == 0 && ((uintptr_t)wrow & 15) == 0 && ((uintptr_t)x & 15) == 0 && ldx % 4 == 0;
+    if (vec) {
+        for (int e = lane * 8; e < cols; e += 256) {
+            float wv[8];
+            ld_wf8<T>(wrow + (size_t)e * (T == ST_TYPE_F32 ? 4 : 2), wv);
+#pragma unroll
+            for (int j = 0; j < NX; j++)
+                if (j < nx) {
+                    const float4 *px = (const float4 *)(x + xr[j] * ldx + e);
+                    float4 a = px[0], b = px[1];
+                    acc[j] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y +
+                              wv[6] * b.z + wv[7] * b.w;
+                }
+        }
+    } else {
+        for (int e = lane; e < cols; e += 32) {
+            float wv = ld_wf<T>(wrow, e);
+#pragma unroll
+            for (int j = 0; j < NX; j++)
+                if (j < nx) acc[j] += wv * x[xr[j] * ldx + e];
+        }
+    }
+}
+
+// The activations a matrix-vector kernel reads: quantized blocks, or floats for float weights.
+struct st_mv_in {
+    st_act a;
+    const float *x; // (rows, ldx) floats
+    int64_t ldx;
+};
+
+template <int T, int NX>
+__device__ __forceinline__ void any_row_dot(const uint8_t *wrow, int cols, const st_mv_in &in, const st_xrows &xr,
+                                            int nx, float (&acc)[NX]) {
+    if constexpr (T == ST_TYPE_F32 || T == ST_TYPE_F16 || T == ST_TYPE_BF16) {
+        row_dot_f<T, NX>(wrow, cols, in.x, in.ldx, xr, nx, acc);
+    } else {
+        __shared__ uint4 sm[ST_CUQ_WARPS][32 * st_span<T>::PL];
+        row_dot<T, NX>(wrow, cols / 32, in.a, xr, nx, acc, sm[threadIdx.x >> 5]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul, n <= 16: y (n, rows); warp w of block b computes row 4b + w for every x row.
+
+template <int T, int NX>
+__global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
+    mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, st_mv_in in, int nx, float *y) {
+    int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    st_xrows xr = {NULL};
+    float acc[NX];
+#pragma unroll
+    for (int j = 0; j < NX; j++) acc[j] = 0.0f;
+    any_row_dot<T, NX>(w + (size_t)r * row_bytes, cols, in, xr, nx, acc);
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NX; j++) {
+        float s = warp_sum_q(acc[j]);
+        if (lane == j && j < nx) y[(size_t)j * rows + r] = s;
+    }
+}
+
+template <int T>
+static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, float *y) {
+    dim3 grid((unsigned)((w->rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS));
+    const uint8_t *wd = (const uint8_t *)w->data;
+    int cols = (int)w->cols;
+#define L(NX) mmv_kernel<T, NX><<<grid, 32 * ST_CUQ_WARPS, 0, c->stream>>>(wd, w->row_bytes, w->rows, cols, in, n, y)
+    if (n == 1) L(1);
+    else if (n == 2) L(2);
+    else if (n <= 4) L(4);
+    else if (n <= 8) L(8);
+    else L(16);
+#undef L
+    ST_CU_LAUNCHED(c, "mmv_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization: chunk by chunk (one thread per 32 elements) to f32 or bf16.
+
+template <typename O> __device__ __forceinline__ void store8(O *y, const float v[8]);
+template <> __device__ __forceinline__ void store8<float>(float *y, const float v[8]) {
+    float4 *p = (float4 *)y;
+    p[0] = make_float4(v[0], v[1], v[2], v[3]);
+    p[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <> __device__ __forceinline__ void store8<__nv_bfloat16>(__nv_bfloat16 *y, const float v[8]) {
+    uint32_t u[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        u[i] = *(uint32_t *)&h;
+    }
+    *(uint4 *)y = make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+// Dequantizes chunk c of a row into y (32 values, 16-byte aligned), exactly as dequant.c.
+template <int T, typename O> __device__ __forceinline__ void dequant_chunk(const uint8_t *row, int c, O *y) {
+    st_wchunk w;
+    st_qt<T>::unpack(row, c, w);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float v[4];
+        float s = i < 4 ? w.s0 : w.s1, m = i < 4 ? w.m0 : w.m1;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float p = __fmul_rn(s, (float)(int8_t)(w.q[i] >> (8 * k)));
+            v[k] = st_qt<T>::HAS_MIN ? __fadd_rn(p, m) : p;
+        }
+        if (sizeof(O) == 4) {
+            *(float4 *)((float *)y + 4 * i) = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            __nv_bfloat162 h0 = __floats2bfloat162_rn(v[0], v[1]), h1 = __floats2bfloat162_rn(v[2], v[3]);
+            uint2 u = make_uint2(*(uint32_t *)&h0, *(uint32_t *)&h1);
+            *(uint2 *)((__nv_bfloat16 *)y + 4 * i) = u;
+        }
+    }
+}
+
+// Rows of (possibly several stacked) matrices: flat row i = (matrix mi, row r) with mi picked
+// from mats (a device list) or i / rows directly. y (nrows, cols) dense.
+struct st_deq_src {
+    const uint8_t *data;
+    size_t row_bytes, mat_bytes;
+    int64_t rows;        // rows per matrix
+    int64_t row0;        // first row (matmul pieces)
+    const int32_t *mats; // NULL: matrix 0 (or i / rows)
+    const int32_t *ids;  // rows picked by id (get_rows), NULL otherwise
+    int64_t id_rows;     // bound on ids
+};
+
+__device__ __forceinline__ const uint8_t *deq_row(const st_deq_src &s, int64_t i) {
+    if (s.ids) {
+        int32_t id = s.ids[i];
+        if (id < 0 || id >= s.id_rows) return NULL;
+        return s.data + (size_t)id * s.row_bytes;
+    }
+    int64_t mi = i / s.rows, r = i % s.rows + s.row0;
+    int64_t m = s.mats ? s.mats[mi] : mi;
+    return s.data + (size_t)m * s.mat_bytes + (size_t)r * s.row_bytes;
+}
+
+template <int T, typename O>
+__global__ void dequant_kernel(st_deq_src s, int64_t nrows, int cols, O *y) {
+    int nchunk = cols / 32;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nrows * nchunk) return;
+    int64_t i = t / nchunk;
+    int c = (int)(t % nchunk);
+    const uint8_t *row = deq_row(s, i);
+    O *out = y + (size_t)i * cols + (size_t)c * 32;
+    if (!row) { // an id out of range: zeros (the CPU stops on it; a kernel cannot)
+        float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < 4; k++) store8<O>(out + 8 * k, z);
+        return;
+    }
+    dequant_chunk<T, O>(row, c, out);
+}
+
+// Float types element by element (exact conversions).
+template <int T, typename O>
+__global__ void dequant_float_kernel(st_deq_src s, int64_t nrows, int64_t cols, O *y) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nrows * cols) return;
+    int64_t i = t / cols, e = t % cols;
+    const uint8_t *row = deq_row(s, i);
+    float v = row ? ld_wf<T>(row, e) : 0.0f;
+    if (sizeof(O) == 4) ((float *)y)[t] = v;
+    else ((__nv_bfloat16 *)y)[t] = __float2bfloat16_rn(v);
+}
+
+template <typename O>
+static void dequant_launch(st_cuda *c, st_type type, const st_deq_src &s, int64_t nrows, int64_t cols, O *y) {
+    if (nrows == 0 || cols == 0) return;
+    switch (type) {
+#define CASE(T)                                                                                        \
+    case T: {                                                                                          \
+        int64_t nt = nrows * (cols / 32);                                                              \
+        dequant_kernel<T, O><<<(unsigned)((nt + 255) / 256), 256, 0, c->stream>>>(s, nrows, (int)cols, y); \
+        break;                                                                                         \
+    }
+        ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+#define CASEF(T)                                                                                       \
+    case T:                                                                                            \
+        dequant_float_kernel<T, O><<<(unsigned)((nrows * cols + 255) / 256), 256, 0, c->stream>>>(s, nrows, cols, y); \
+        break;
+        CASEF(ST_TYPE_F32) CASEF(ST_TYPE_F16) CASEF(ST_TYPE_BF16)
+#undef CASEF
+    default: CUQ_FAIL(c, "dequantize: weight type %s not supported on the GPU", st_type_name(type)); return;
+    }
+    ST_CU_LAUNCHED(c, "dequant_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared checks
+
+static bool check_mat(st_cuda *c, const char *op, st_type type, int64_t cols, int64_t rows, const void *data,
+                      size_t row_bytes) {
+    const st_type_info *info = st_type_get(type);
+    if (!info || !st_cuda_type_supported(type)) {
+        CUQ_FAIL(c, "%s: weight type %s not supported on the GPU", op, st_type_name(type));
+        return false;
+    }
+    if (cols <= 0 || rows <= 0 || cols % info->block != 0 || cols > INT32_MAX ||
+        row_bytes < st_row_bytes(type, cols)) {
+        CUQ_FAIL(c, "%s: bad %s matrix %lld x %lld (row bytes %zu)", op, info->name, (long long)rows,
+                 (long long)cols, row_bytes);
+        return false;
+    }
+    // Quantized blocks are read with wide loads whose alignment follows from a 16-byte base.
+    if (info->quantized && (((uintptr_t)data & 15) || row_bytes % info->block_bytes)) {
+        CUQ_FAIL(c, "%s: %s weights at %p (row bytes %zu) not 16-byte aligned", op, info->name, data, row_bytes);
+        return false;
+    }
+    return true;
+}
+
+// Casts f32 to bf16 or f16 (the cuBLAS input type).
+template <typename O> __global__ void convert_kernel(const float *x, int64_t n, O *y) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if constexpr (sizeof(O) == 2 && std::is_same<O, __half>::value) y[i] = __float2half_rn(x[i]);
+    else y[i] = __float2bfloat16_rn(x[i]);
+}
+
+template <typename O> static void convert(st_cuda *c, const float *x, int64_t n, O *y) {
+    if (n == 0) return;
+    convert_kernel<O><<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(x, n, y);
+    ST_CU_LAUNCHED(c, "convert_kernel");
+}
+
+static const char *cublas_name(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "alloc failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "arch mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
+    default: return "error";
+    }
+}
+
+// Y (n, m) rows ldc apart = X (n, k) · Wᵀ, W (m, k) row-major: in cuBLAS's column-major terms
+// Yᵀ = op_T(W as (k, m)) · Xᵀ.
+static void gemm(st_cuda *c, const void *w, cudaDataType wt, const void *x, cudaDataType xt, float *y, int64_t m,
+                 int64_t n, int64_t k, int64_t ldc) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, w, wt, (int)k, x,
+                                    xt, (int)k, &zero, y, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        CUQ_FAIL(c, "cublasGemmEx %lld x %lld x %lld: %s", (long long)m, (long long)n, (long long)k, cublas_name(s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
+    int64_t cols = w->cols, rows = w->rows;
+    if (w->type == ST_TYPE_F32) {
+        if (w->row_bytes != (size_t)cols * 4) goto strided;
+        gemm(c, w->data, CUDA_R_32F, x, CUDA_R_32F, y, rows, n, cols, rows);
+        return;
+    }
+    if (w->type == ST_TYPE_F16) {
+        if (w->row_bytes != (size_t)cols * 2) goto strided;
+        __half *xh = (__half *)st_cuda_scratch(c, ST_SCR_ACT, sizeof(__half) * (size_t)n * cols);
+        if (!xh) return;
+        convert(c, x, (int64_t)n * cols, xh);
+        gemm(c, w->data, CUDA_R_16F, xh, CUDA_R_16F, y, rows, n, cols, rows);
+        return;
+    }
+    if (w->type == ST_TYPE_BF16 && w->row_bytes == (size_t)cols * 2) {
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)st_cuda_scratch(c, ST_SCR_ACT, sizeof(__nv_bfloat16) * (size_t)n * cols);
+        if (!xb) return;
+        convert(c, x, (int64_t)n * cols, xb);
+        gemm(c, w->data, CUDA_R_16BF, xb, CUDA_R_16BF, y, rows, n, cols, rows);
+        return;
+    }
+strided: {
+    // Quantized (or padded float) weights: bf16 pieces of rows, then one GEMM per piece.
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)st_cuda_scratch(c, ST_SCR_ACT, sizeof(__nv_bfloat16) * (size_t)n * cols);
+    if (!xb) return;
+    convert(c, x, (int64_t)n * cols, xb);
+    int64_t piece = (int64_t)(ST_CUQ_DEQ_BYTES / (sizeof(__nv_bfloat16) * (size_t)cols));
+    piece = piece < 128 ? 128 : piece / 128 * 128;
+    if (piece > rows) piece = rows;
+    __nv_bfloat16 *wb = (__nv_bfloat16 *)st_cuda_scratch(c, ST_SCR_DEQ, sizeof(__nv_bfloat16) * (size_t)piece * cols);
+    if (!wb) return;
+    for (int64_t r0 = 0; r0 < rows; r0 += piece) {
+        int64_t m = rows - r0 < piece ? rows - r0 : piece;
+        st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, 0, m, r0, NULL, NULL, 0};
+        dequant_launch(c, w->type, s, m, cols, wb);
+        gemm(c, wb, CUDA_R_16BF, xb, CUDA_R_16BF, y + r0, m, n, cols, rows);
+    }
+}
+}
+
+void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || c->err) return;
+    if (!check_mat(c, "matmul", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return;
+    if (n >= ST_CUQ_GEMM_FROM) {
+        if (c->capturing) {
+            CUQ_FAIL(c, "matmul of %d rows while recording a graph (at most %d)", n, ST_CUDA_GRAPH_ROWS);
+            return;
+        }
+        matmul_gemm(c, w, x, n, y);
+        return;
+    }
+    st_mv_in in = {{NULL, NULL, 0}, x, w->cols};
+    if (!is_float_type(w->type)) {
+        in.a = quantize_act(c, ST_SCR_ACT, x, n, (int)w->cols);
+        if (!in.a.q) return;
+    }
+    switch (w->type) {
+#define CASE(T) case T: mmv_launch<T>(c, w, in, n, y); break;
+        ST_CUQ_QUANT_TYPES(CASE)
+        CASE(ST_TYPE_F32) CASE(ST_TYPE_F16) CASE(ST_TYPE_BF16)
+#undef CASE
+    default: break; // check_mat refused it
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// get_rows
+
+void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || c->err) return;
+    if (!check_mat(c, "get_rows", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return;
+    if (st_type_get(w->type)->quantized && ((uintptr_t)y & 15)) { // chunks are stored 16 bytes at a time
+        CUQ_FAIL(c, "get_rows: output %p not 16-byte aligned", (void *)y);
+        return;
+    }
+    st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, 0, 1, 0, NULL, ids, w->rows};
+    dequant_launch(c, w->type, s, n, w->cols, y);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts, n <= 16 (graph-safe). A plan kernel groups the n*k (row, slot) assignments by
+// expert on the device; the gate/up and down kernels run a grid over (weight rows, unique-expert
+// slot u < n*k), where slots past the number of distinct experts exit at once, so the launch
+// does not depend on the ids and each distinct expert's weights are read by one set of blocks.
+
+// plan (ints): [0] distinct experts U, [1 ..] uniq[na] expert of slot u, off[na + 1] its first
+// member in members[na] (assignment indices i*k + j grouped by expert, ascending).
+#define ST_CUQ_PLAN_MAX 1024 // assignments one plan block handles (n <= 16 rows times k <= 64)
+
+__global__ void moe_plan_kernel(const int32_t *ids, int na, int n_expert, int *plan) {
+    __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX];
+    int a = threadIdx.x;
+    int *uniq = plan + 1, *off = uniq + na, *members = off + na + 1;
+    int e = -1;
+    if (a < na) {
+        e = ids[a];
+        if (e < 0 || e >= n_expert) e = -1; // out of range: dropped (contributes nothing)
+        s_e[a] = e;
+    }
+    __syncthreads();
+    // The leader of an assignment is the first assignment with the same expert.
+    int lead = -1;
+    if (a < na && e >= 0) {
+        lead = a;
+        for (int i = 0; i < a; i++)
+            if (s_e[i] == e) {
+                lead = i;
+                break;
+            }
+    }
+    if (a < na) s_lead[a] = lead;
+    __syncthreads();
+    if (a >= na) return;
+    if (e >= 0) {
+        // Grouped position: members of earlier groups (ordered by leader), then earlier members
+        // of this group; the slot of the group is the number of earlier leaders.
+        int pos = 0, u = 0;
+        for (int i = 0; i < na; i++) {
+            int li = s_lead[i];
+            if (li < 0) continue;
+            if (li < lead || (li == lead && i < a)) pos++;
+            if (li == i && i < lead) u++;
+        }
+        members[pos] = a;
+        if (lead == a) {
+            uniq[u] = e;
+            off[u] = pos;
+        }
+    }
+    if (a == 0) {
+        int u = 0, valid = 0;
+        for (int i = 0; i < na; i++) {
+            if (s_lead[i] < 0) continue;
+            valid++;
+            if (s_lead[i] == i) u++;
+        }
+        plan[0] = u;
+        off[u] = valid;
+    }
+}
+
+struct st_moe_small {
+    const int *plan;
+    int na, k;
+    // gate/up pass
+    const uint8_t *wg, *wu; // expert 0 of each stack
+    size_t g_row_bytes, g_mat, u_row_bytes, u_mat;
+    int64_t rows; // output rows of this pass (F for gate/up, d for down)
+    int cols;
+    st_mv_in in;  // gate/up: x rows; down: h rows (assignment-indexed)
+    float *out;   // (na, rows) by assignment
+};
+
+// Slot u's members (assignments) and their activation rows, in shared memory for the block:
+// every warp of a block works for the same slot. Returns the member count (0: idle slot).
+__device__ __forceinline__ int moe_members(const st_moe_small &p, bool by_row, int *s_asg, int *s_xr, int *e_out) {
+    int u = blockIdx.y;
+    if (u >= p.plan[0]) return 0; // uniform over the block
+    const int *uniq = p.plan + 1, *off = uniq + p.na, *members = off + p.na + 1;
+    int m0 = off[u], m = off[u + 1] - m0;
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+        int a = members[m0 + i];
+        s_asg[i] = a;
+        s_xr[i] = by_row ? a / p.k : a;
+    }
+    *e_out = uniq[u];
+    __syncthreads();
+    return m;
+}
+
+template <int T, int NX>
+__global__ void __launch_bounds__(32 * ST_CUQ_WARPS) moe_gate_up_kernel(st_moe_small p) {
+    __shared__ int s_asg[ST_CUQ_PLAN_MAX], s_xr[ST_CUQ_PLAN_MAX];
+    int e, m = moe_members(p, true, s_asg, s_xr, &e);
+    int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
+    if (m == 0 || r >= p.rows) return;
+    const uint8_t *g = p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
+    const uint8_t *up = p.wu + (size_t)e * p.u_mat + (size_t)r * p.u_row_bytes;
+    int lane = threadIdx.x & 31;
+    // A group of NX members at a time: more than one group only when a row repeats an expert.
+    for (int grp = 0; grp < m; grp += NX) {
+        st_xrows xr = {s_xr + grp};
+        int nx = m - grp < NX ? m - grp : NX;
+        float ag[NX], au[NX];
+#pragma unroll
+        for (int j = 0; j < NX; j++) ag[j] = au[j] = 0.0f;
+        if constexpr (T == ST_TYPE_F32 || T == ST_TYPE_F16 || T == ST_TYPE_BF16) {
+            row_dot_f<T, NX>(g, p.cols, p.in.x, p.in.ldx, xr, nx, ag);
+            row_dot_f<T, NX>(up, p.cols, p.in.x, p.in.ldx, xr, nx, au);
+        } else {
+            __shared__ uint4 smg[ST_CUQ_WARPS][32 * st_span<T>::PL], smu[ST_CUQ_WARPS][32 * st_span<T>::PL];
+            row_dot2<T, NX>(g, up, p.cols / 32, p.in.a, xr, nx, ag, au, smg[threadIdx.x >> 5], smu[threadIdx.x >> 5]);
+        }
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float sg = warp_sum_q(ag[j]), su = warp_sum_q(au[j]);
+            if (lane == j && j < nx) p.out[(size_t)s_asg[grp + j] * p.rows + r] = sg / (1.0f + expf(-sg)) * su;
+        }
+    }
+}
+
+// One matrix per expert (down; or gate and up separately when their types differ): raw dots.
+template <int T, int NX>
+__global__ void __launch_bounds__(32 * ST_CUQ_WARPS) moe_mv_kernel(st_moe_small p, bool by_row) {
+    __shared__ int s_asg[ST_CUQ_PLAN_MAX], s_xr[ST_CUQ_PLAN_MAX];
+    int e, m = moe_members(p, by_row, s_asg, s_xr, &e);
+    int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
+    if (m == 0 || r >= p.rows) return;
+    const uint8_t *wr = p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
+    int lane = threadIdx.x & 31;
+    for (int grp = 0; grp < m; grp += NX) {
+        st_xrows xr = {s_xr + grp};
+        int nx = m - grp < NX ? m - grp : NX;
+        float acc[NX];
+#pragma unroll
+        for (int j = 0; j < NX; j++) acc[j] = 0.0f;
+        any_row_dot<T, NX>(wr, p.cols, p.in, xr, nx, acc);
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float s = warp_sum_q(acc[j]);
+            if (lane == j && j < nx) p.out[(size_t)s_asg[grp + j] * p.rows + r] = s;
+        }
+    }
+}
+
+// h (na, F) = silu(g) * u from two raw passes (g in h already, u in u).
+__global__ void silu_mul_kernel(float *h, const float *u, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = h[i];
+    h[i] = g / (1.0f + expf(-g)) * u[i];
+}
+
+// y[i] = Σ_j weights[i][j] · o[inv(i k + j)], j in order (inv NULL: o is by assignment).
+__global__ void moe_combine_kernel(const float *o, const int32_t *inv, const int32_t *ids, const float *wts, int n,
+                                   int k, int n_expert, int d, float *y) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)n * d) return;
+    int i = (int)(t / d), col = (int)(t % d);
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int a = i * k + j, e = ids[a];
+        if (e < 0 || e >= n_expert) continue;
+        int gi = inv ? inv[a] : a;
+        acc += wts[a] * o[(size_t)gi * d + col];
+    }
+    y[t] = acc;
+}
+
+template <int T>
+static void moe_gate_up_launch(st_cuda *c, const st_moe_small &p, int n) {
+    dim3 grid((unsigned)((p.rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS), (unsigned)p.na);
+#define L(NX) moe_gate_up_kernel<T, NX><<<grid, 32 * ST_CUQ_WARPS, 0, c->stream>>>(p)
+    if (n == 1) L(1);
+    else if (n <= 4) L(4);
+    else L(16);
+#undef L
+    ST_CU_LAUNCHED(c, "moe_gate_up_kernel");
+}
+
+template <int T>
+static void moe_mv_launch(st_cuda *c, const st_moe_small &p, int n, bool by_row) {
+    dim3 grid((unsigned)((p.rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS), (unsigned)p.na);
+#define L(NX) moe_mv_kernel<T, NX><<<grid, 32 * ST_CUQ_WARPS, 0, c->stream>>>(p, by_row)
+    if (n == 1) L(1);
+    else if (n <= 4) L(4);
+    else L(16);
+#undef L
+    ST_CU_LAUNCHED(c, "moe_mv_kernel");
+}
+
+static void moe_mv_any(st_cuda *c, st_type t, const st_moe_small &p, int n, bool by_row) {
+    switch (t) {
+#define CASE(T) case T: moe_mv_launch<T>(c, p, n, by_row); break;
+        ST_CUQ_QUANT_TYPES(CASE)
+        CASE(ST_TYPE_F32) CASE(ST_TYPE_F16) CASE(ST_TYPE_BF16)
+#undef CASE
+    default: break;
+    }
+}
+
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+static void moe_small(st_cuda *c, const st_moe_args *a) {
+    const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
+    int n = a->n, k = a->k, na = n * k, E = (int)gate->n;
+    int64_t d = gate->cols, F = gate->rows;
+    if (na > ST_CUQ_PLAN_MAX) {
+        CUQ_FAIL(c, "moe: %d assignments in a window (at most %d)", na, ST_CUQ_PLAN_MAX);
+        return;
+    }
+    // MOE: plan, h (na, F), u (na, F) when gate and up differ, o (na, d).
+    size_t plan_b = align256(sizeof(int) * (size_t)(3 * na + 2));
+    size_t h_b = align256(sizeof(float) * (size_t)na * F), o_b = align256(sizeof(float) * (size_t)na * d);
+    bool fused = gate->type == up->type;
+    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, plan_b + h_b * (fused ? 1 : 2) + o_b);
+    if (!m) return;
+    int *plan = (int *)m;
+    float *h = (float *)(m + plan_b), *u = (float *)(m + plan_b + h_b);
+    float *o = (float *)(m + plan_b + h_b * (fused ? 1 : 2));
+
+    moe_plan_kernel<<<1, (na + 31) / 32 * 32, 0, c->stream>>>(a->ids, na, E, plan);
+    ST_CU_LAUNCHED(c, "moe_plan_kernel");
+
+    st_moe_small p = {};
+    p.plan = plan;
+    p.na = na;
+    p.k = k;
+    p.in.x = a->x;
+    p.in.ldx = d;
+    if (!is_float_type(gate->type) || !is_float_type(up->type)) {
+        p.in.a = quantize_act(c, ST_SCR_ACT, a->x, n, (int)d);
+        if (!p.in.a.q) return;
+    }
+    p.rows = F;
+    p.cols = (int)d;
+    if (fused) {
+        p.wg = (const uint8_t *)gate->data;
+        p.wu = (const uint8_t *)up->data;
+        p.g_row_bytes = gate->row_bytes;
+        p.g_mat = gate->mat_bytes;
+        p.u_row_bytes = up->row_bytes;
+        p.u_mat = up->mat_bytes;
+        p.out = h;
+        switch (gate->type) {
+#define CASE(T) case T: moe_gate_up_launch<T>(c, p, n); break;
+            ST_CUQ_QUANT_TYPES(CASE)
+            CASE(ST_TYPE_F32) CASE(ST_TYPE_F16) CASE(ST_TYPE_BF16)
+#undef CASE
+        default: break;
+        }
+    } else {
+        // Gate and up of different types (rare): two passes, then silu · up.
+        st_moe_small q = p;
+        q.wg = (const uint8_t *)gate->data;
+        q.g_row_bytes = gate->row_bytes;
+        q.g_mat = gate->mat_bytes;
+        q.out = h;
+        moe_mv_any(c, gate->type, q, n, true);
+        q.wg = (const uint8_t *)up->data;
+        q.g_row_bytes = up->row_bytes;
+        q.g_mat = up->mat_bytes;
+        q.out = u;
+        moe_mv_any(c, up->type, q, n, true);
+        int64_t nh = (int64_t)na * F;
+        silu_mul_kernel<<<(unsigned)((nh + 255) / 256), 256, 0, c->stream>>>(h, u, nh);
+        ST_CU_LAUNCHED(c, "silu_mul_kernel");
+    }
+
+    // down over h (by assignment).
+    st_moe_small q = p;
+    q.in.x = h;
+    q.in.ldx = F;
+    q.in.a.q = NULL;
+    if (!is_float_type(down->type)) {
+        q.in.a = quantize_act(c, ST_SCR_MOE2, h, na, (int)F);
+        if (!q.in.a.q) return;
+    }
+    q.wg = (const uint8_t *)down->data;
+    q.g_row_bytes = down->row_bytes;
+    q.g_mat = down->mat_bytes;
+    q.rows = d;
+    q.cols = (int)F;
+    q.out = o;
+    moe_mv_any(c, down->type, q, n, false);
+
+    int64_t ny = (int64_t)n * d;
+    moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, NULL, a->ids, a->weights, n, k, E,
+                                                                              (int)d, a->y);
+    ST_CU_LAUNCHED(c, "moe_combine_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts, prompt chunks: group assignments by expert on the device, read the counts on
+// the host, then per expert dequantized weights (many experts per dequant launch) and cuBLAS.
+
+// One warp per expert: count[e] = assignments with id e.
+__global__ void moe_count_kernel(const int32_t *ids, int na, int *count) {
+    int e = blockIdx.x, lane = threadIdx.x;
+    int cnt = 0;
+    for (int i0 = 0; i0 < na; i0 += 32) {
+        int i = i0 + lane;
+        cnt += __popc(__ballot_sync(0xffffffffu, i < na && ids[i] == e));
+    }
+    if (lane == 0) count[e] = cnt;
+}
+
+// One warp per expert: its start (sum of earlier counts), its index among used experts, and a
+// stable scatter of its assignments: order[g] = assignment, inv[assignment] = g.
+__global__ void moe_scatter_kernel(const int32_t *ids, int na, int n_expert, const int *count, int *start,
+                                   int *used, int *order, int *inv) {
+    int e = blockIdx.x, lane = threadIdx.x;
+    int s = 0, nu = 0;
+    for (int i = lane; i < e; i += 32) {
+        s += count[i];
+        nu += count[i] > 0;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        nu += __shfl_xor_sync(0xffffffffu, nu, o);
+    }
+    if (lane == 0) {
+        start[e] = s;
+        if (count[e] > 0) used[nu] = e;
+        if (e == n_expert - 1) start[n_expert] = s + count[e];
+    }
+    int pos = s;
+    for (int i0 = 0; i0 < na; i0 += 32) {
+        int i = i0 + lane;
+        bool hit = i < na && ids[i] == e;
+        unsigned mask = __ballot_sync(0xffffffffu, hit);
+        if (hit) {
+            int g = pos + __popc(mask & ((1u << lane) - 1));
+            order[g] = i;
+            inv[i] = g;
+        }
+        pos += __popc(mask);
+    }
+}
+
+// xg (na, d) bf16 = x row of each grouped assignment.
+__global__ void moe_gather_kernel(const float *x, const int *order, int na, int k, int d, __nv_bfloat16 *xg) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)na * d) return;
+    int g = (int)(t / d), col = (int)(t % d);
+    xg[t] = __float2bfloat16_rn(x[(size_t)(order[g] / k) * d + col]);
+}
+
+__global__ void silu_mul_bf16_kernel(const float *g, const float *u, int64_t n, __nv_bfloat16 *h) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = g[i];
+    h[i] = __float2bfloat16_rn(v / (1.0f + expf(-v)) * u[i]);
+}
+
+// out (rows of the grouped assignments, w->rows) = xin (grouped, w->cols) · W_eᵀ per used expert.
+static void moe_big_pass(st_cuda *c, const st_mat3 *w, const int *used_dev, const int *used, const int *count,
+                         const int *start, int n_used, const __nv_bfloat16 *xin, float *out) {
+    int64_t rows = w->rows, cols = w->cols;
+    size_t mat_b16 = sizeof(__nv_bfloat16) * (size_t)rows * cols;
+    int per = (int)(ST_CUQ_DEQ_BYTES / mat_b16);
+    if (per < 1) per = 1;
+    if (per > n_used) per = n_used;
+    __nv_bfloat16 *wb = (__nv_bfloat16 *)st_cuda_scratch(c, ST_SCR_DEQ, mat_b16 * (size_t)per);
+    if (!wb) return;
+    for (int u0 = 0; u0 < n_used; u0 += per) {
+        int nb = n_used - u0 < per ? n_used - u0 : per;
+        st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, w->mat_bytes, rows, 0, used_dev + u0, NULL, 0};
+        dequant_launch(c, w->type, s, (int64_t)nb * rows, cols, wb);
+        for (int i = 0; i < nb; i++) {
+            int e = used[u0 + i];
+            gemm(c, wb + (size_t)i * rows * cols, CUDA_R_16BF, xin + (size_t)start[e] * cols, CUDA_R_16BF,
+                 out + (size_t)start[e] * rows, rows, count[e], cols, rows);
+        }
+    }
+}
+
+#define ST_CUQ_MAX_EXPERTS 1024
+
+static void moe_big(st_cuda *c, const st_moe_args *a) {
+    const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
+    int n = a->n, k = a->k, na = n * k, E = (int)gate->n;
+    int64_t d = gate->cols, F = gate->rows;
+    if (E > ST_CUQ_MAX_EXPERTS) {
+        CUQ_FAIL(c, "moe: %d experts (at most %d)", E, ST_CUQ_MAX_EXPERTS);
+        return;
+    }
+    // MOE: count E, start E+1, used E, order na, inv na | g (na, F) | u (na, F) | o (na, d)
+    size_t ints_b = align256(sizeof(int) * (size_t)(3 * E + 1 + 2 * na));
+    size_t gf_b = align256(sizeof(float) * (size_t)na * F), o_b = align256(sizeof(float) * (size_t)na * d);
+    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, ints_b + 2 * gf_b + o_b);
+    // MOE2: xg (na, d) bf16 | hg (na, F) bf16
+    size_t xg_b = align256(sizeof(__nv_bfloat16) * (size_t)na * d);
+    char *m2 = (char *)st_cuda_scratch(c, ST_SCR_MOE2, xg_b + sizeof(__nv_bfloat16) * (size_t)na * F);
+    if (!m || !m2) return;
+    int *count_d = (int *)m, *start_d = count_d + E, *used_d = start_d + E + 1, *order = used_d + E, *inv = order + na;
+    float *g = (float *)(m + ints_b), *u = (float *)(m + ints_b + gf_b), *o = (float *)(m + ints_b + 2 * gf_b);
+    __nv_bfloat16 *xg = (__nv_bfloat16 *)m2, *hg = (__nv_bfloat16 *)(m2 + xg_b);
+
+    ST_CU(c, cudaMemsetAsync(inv, 0xff, sizeof(int) * (size_t)na, c->stream)); // -1: dropped ids
+    moe_count_kernel<<<E, 32, 0, c->stream>>>(a->ids, na, count_d);
+    ST_CU_LAUNCHED(c, "moe_count_kernel");
+    moe_scatter_kernel<<<E, 32, 0, c->stream>>>(a->ids, na, E, count_d, start_d, used_d, order, inv);
+    ST_CU_LAUNCHED(c, "moe_scatter_kernel");
+    int count[ST_CUQ_MAX_EXPERTS], start[ST_CUQ_MAX_EXPERTS + 1], used[ST_CUQ_MAX_EXPERTS];
+    ST_CU(c, cudaMemcpyAsync(count, count_d, sizeof(int) * (size_t)E, cudaMemcpyDeviceToHost, c->stream));
+    ST_CU(c, cudaStreamSynchronize(c->stream));
+    if (c->err) return;
+    int n_used = 0, pos = 0;
+    for (int e = 0; e < E; e++) {
+        start[e] = pos;
+        pos += count[e];
+        if (count[e]) used[n_used++] = e;
+    }
+    int valid = pos;
+    if (valid == 0) {
+        ST_CU(c, cudaMemsetAsync(a->y, 0, sizeof(float) * (size_t)n * d, c->stream));
+        return;
+    }
+
+    int64_t nx = (int64_t)valid * d;
+    moe_gather_kernel<<<(unsigned)((nx + 255) / 256), 256, 0, c->stream>>>(a->x, order, valid, k, (int)d, xg);
+    ST_CU_LAUNCHED(c, "moe_gather_kernel");
+    moe_big_pass(c, gate, used_d, used, count, start, n_used, xg, g);
+    moe_big_pass(c, up, used_d, used, count, start, n_used, xg, u);
+    int64_t nh = (int64_t)valid * F;
+    silu_mul_bf16_kernel<<<(unsigned)((nh + 255) / 256), 256, 0, c->stream>>>(g, u, nh, hg);
+    ST_CU_LAUNCHED(c, "silu_mul_bf16_kernel");
+    moe_big_pass(c, down, used_d, used, count, start, n_used, hg, o);
+
+    int64_t ny = (int64_t)n * d;
+    moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, inv, a->ids, a->weights, n, k, E,
+                                                                              (int)d, a->y);
+    ST_CU_LAUNCHED(c, "moe_combine_kernel");
+}
+
+void st_cuda_moe(st_backend *b, const st_moe_args *a) {
+    st_cuda *c = st_cuda_of(b);
+    if (a->n <= 0 || c->err) return;
+    const st_mat3 *g = a->gate, *u = a->up, *dn = a->down;
+    if (a->k <= 0 || g->cols != u->cols || g->rows != u->rows || g->n != u->n || dn->n != g->n ||
+        dn->cols != g->rows || dn->rows != g->cols || g->n <= 0) {
+        CUQ_FAIL(c, "moe: layer %d: mismatched expert shapes", a->layer);
+        return;
+    }
+    if (!check_mat(c, "moe gate", g->type, g->cols, g->rows, g->data, g->row_bytes) ||
+        !check_mat(c, "moe up", u->type, u->cols, u->rows, u->data, u->row_bytes) ||
+        !check_mat(c, "moe down", dn->type, dn->cols, dn->rows, dn->data, dn->row_bytes) || !quant_tables(c))
+        return;
+    // Activations are quantized in blocks of 32 along d (gate, up) and F (down).
+    if ((!is_float_type(g->type) && g->cols % 32) || (!is_float_type(dn->type) && dn->cols % 32)) {
+        CUQ_FAIL(c, "moe: layer %d: sizes not multiples of 32", a->layer);
+        return;
+    }
+    if (a->n <= ST_CUDA_GRAPH_ROWS) {
+        moe_small(c, a);
+    } else {
+        if (c->capturing) {
+            CUQ_FAIL(c, "moe of %d rows while recording a graph (at most %d)", a->n, ST_CUDA_GRAPH_ROWS);
+            return;
+        }
+        moe_big(c, a);
+    }
+}

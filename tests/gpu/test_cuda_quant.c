@@ -1,0 +1,548 @@
+// GPU tests of the quantized-weight ops (quant_matmul.cu) against the CPU backend: matmul for
+// every weight type with odd sizes and window sizes on both sides of the GEMM crossover,
+// get_rows (exact), and the routed experts on random routing. Exits 77 (skipped) without a
+// usable GPU. `test_cuda_quant --bench` prints matrix-vector bandwidth and expert timings.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "experts/experts.h"
+#include "quant/quant.h"
+
+static st_backend *cpu, *gpu;
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t rng_u64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static double rnd(void) { return (double)(rng_u64() >> 11) / 9007199254740992.0; } // [0, 1)
+static float rnd_normal(void) {
+    double u1 = rnd() + 1e-12, u2 = rnd();
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static float *rand_normal(size_t n, float scale) {
+    float *x = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = scale * rnd_normal();
+    return x;
+}
+
+static void *dev_put(const void *host, size_t bytes) {
+    void *p = gpu->ops->alloc(gpu, bytes ? bytes : 4);
+    if (!p) fail_msg("device alloc of %zu bytes failed: %s", bytes, st_error());
+    if (host && bytes) gpu->ops->from_host(gpu, p, host, bytes);
+    return p;
+}
+
+static void gpu_sync(const char *what) {
+    st_status s = gpu->ops->sync(gpu);
+    if (s != ST_OK) fail_msg("%s: GPU error: %s", what, st_error());
+}
+
+static void dev_get(void *host, const void *dev, size_t bytes) {
+    gpu->ops->to_host(gpu, host, dev, bytes);
+    gpu_sync("to_host");
+}
+
+static void dev_free(void *p) { gpu->ops->free(gpu, p); }
+
+// ---------------------------------------------------------------------------------------------
+// Weights. Types with a quantizer: Gaussian weights quantized. The others (IQ2/IQ3/IQ1): random
+// bytes (every bit pattern of their index and sign fields is valid) with sane fp16 scales.
+
+// Offsets of the fp16 scale fields of one block (d, and dmin / m where the type has one).
+static int scale_fields(st_type t, int off[2]) {
+    switch (t) {
+    case ST_TYPE_Q4_1:
+    case ST_TYPE_Q5_1:
+    case ST_TYPE_Q4_K:
+    case ST_TYPE_Q5_K: off[0] = 0, off[1] = 2; return 2;
+    case ST_TYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
+    case ST_TYPE_Q3_K: off[0] = 108; return 1;
+    case ST_TYPE_Q6_K: off[0] = 208; return 1;
+    case ST_TYPE_IQ1_M: return 0; // spread over the scale words: set apart
+    default: off[0] = 0; return 1;
+    }
+}
+
+static void put_f16(uint8_t *p, float v) {
+    st_f16 h = st_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+// Random bytes with each block's scales set to ±[0.002, 0.02).
+static void random_blocks(st_type t, uint8_t *buf, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) buf[i] = (uint8_t)(rng_u64() >> 24);
+    const st_type_info *info = st_type_get(t);
+    if (!info->quantized) {
+        size_t n = bytes / info->block_bytes;
+        for (size_t i = 0; i < n; i++) {
+            float v = 0.05f * rnd_normal();
+            if (t == ST_TYPE_F32) memcpy(buf + 4 * i, &v, 4);
+            else if (t == ST_TYPE_F16) put_f16(buf + 2 * i, v);
+            else {
+                st_bf16 h = st_f32_to_bf16(v);
+                memcpy(buf + 2 * i, &h, 2);
+            }
+        }
+        return;
+    }
+    size_t nb = bytes / info->block_bytes;
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = buf + b * info->block_bytes;
+        float d = (float)((0.002 + 0.018 * rnd()) * (rnd() < 0.5 ? -1 : 1));
+        int off[2], nf = scale_fields(t, off);
+        for (int f = 0; f < nf; f++) put_f16(blk + off[f], f == 0 ? d : fabsf(d) * 0.5f);
+        if (t == ST_TYPE_IQ1_M) {
+            st_f16 h = st_f32_to_f16(fabsf(d));
+            for (int k = 0; k < 4; k++) { // nibble k of d in the top nibble of scale word k
+                uint16_t w;
+                memcpy(&w, blk + 48 + 2 * k, 2);
+                w = (uint16_t)((w & 0x0fff) | ((h >> (4 * k)) & 15) << 12);
+                memcpy(blk + 48 + 2 * k, &w, 2);
+            }
+        }
+    }
+}
+
+static uint8_t *make_weights(st_type t, int64_t rows, int64_t cols, bool random_bytes) {
+    size_t bytes = st_row_bytes(t, cols) * (size_t)rows;
+    uint8_t *w = xmalloc(bytes);
+    if (!random_bytes && st_quantize_weights_supported(t)) {
+        float *f = rand_normal((size_t)rows * cols, 0.1f);
+        st_quantize_weights(t, f, w, rows, cols);
+        free(f);
+    } else {
+        random_blocks(t, w, bytes);
+    }
+    return w;
+}
+
+static const st_type ALL_TYPES[] = {
+    ST_TYPE_Q8_0,   ST_TYPE_Q4_K,   ST_TYPE_Q5_K,   ST_TYPE_Q6_K,    ST_TYPE_IQ4_XS, ST_TYPE_IQ3_XXS,
+    ST_TYPE_IQ3_S,  ST_TYPE_IQ2_XS, ST_TYPE_Q4_0,   ST_TYPE_F16,     ST_TYPE_BF16,   ST_TYPE_F32,
+    ST_TYPE_Q4_1,   ST_TYPE_Q5_0,   ST_TYPE_Q5_1,   ST_TYPE_Q2_K,    ST_TYPE_Q3_K,   ST_TYPE_IQ2_XXS,
+    ST_TYPE_IQ2_S,  ST_TYPE_IQ1_S,  ST_TYPE_IQ1_M,  ST_TYPE_IQ4_NL,
+};
+#define N_TYPES (int)(sizeof ALL_TYPES / sizeof ALL_TYPES[0])
+
+// ---------------------------------------------------------------------------------------------
+// matmul. The GPU quantizes activations to int8 blocks of 32 (scale amax/127) and the CPU to
+// its dot type (q8_0 / q8_1 blocks of 32, q8_K blocks of 256, f16, bf16): each side's error per
+// element is at most half a step, amax/254 of the element's 256-block (+ the CPU's fp16 scale
+// rounding), so |gpu - cpu| <= 1.5 · Σ_e |w_e| · 2 · amax256(e) / 254. Prompt chunks (n > 16)
+// use bf16 weights and activations on the GPU: another 2 · 2^-9 · Σ|w_e x_e|. Float weights:
+// the CPU rounds x to f16 (2^-11) or bf16 (2^-9); F32 differs by summation order only.
+
+static const int NS[] = {1, 2, 3, 8, 16, 17, 64, 200};
+#define N_NS (int)(sizeof NS / sizeof NS[0])
+
+typedef struct err_stats {
+    double max_abs, max_rel, max_ratio; // ratio: error / bound
+} err_stats;
+
+static void matmul_case(st_type t, int64_t rows, int64_t cols, err_stats *st) {
+    bool qt = st_type_get(t)->quantized;
+    uint8_t *w = make_weights(t, rows, cols, false);
+    size_t wbytes = st_row_bytes(t, cols) * (size_t)rows;
+    float *wf = xmalloc(sizeof(float) * (size_t)rows * cols);
+    st_dequantize(t, w, wf, rows * cols);
+    void *wd = gpu->ops->upload(gpu, w, wbytes);
+    if (!wd) fail_msg("upload of %zu bytes failed: %s", wbytes, st_error());
+    int nmax = NS[N_NS - 1];
+    float *x = rand_normal((size_t)nmax * cols, 1.0f);
+    float *xd = dev_put(x, sizeof(float) * (size_t)nmax * cols);
+    float *yd = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+    float *yc = xmalloc(sizeof(float) * (size_t)nmax * rows), *yg = xmalloc(sizeof(float) * (size_t)nmax * rows);
+    double *amax = xmalloc(sizeof(double) * (size_t)cols);
+    st_mat mc = {t, cols, rows, st_row_bytes(t, cols), w};
+    st_mat mg = {t, cols, rows, st_row_bytes(t, cols), wd};
+    for (int ni = 0; ni < N_NS; ni++) {
+        int n = NS[ni];
+        cpu->ops->matmul(cpu, &mc, x, n, yc);
+        gpu->ops->matmul(gpu, &mg, xd, n, yd);
+        dev_get(yg, yd, sizeof(float) * (size_t)n * rows);
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * cols;
+            for (int64_t b0 = 0; b0 < cols; b0 += 256) { // amax of each 256-block (or the row's tail)
+                double m = 0;
+                int64_t b1 = b0 + 256 < cols ? b0 + 256 : cols;
+                for (int64_t e = b0; e < b1; e++) m = fmax(m, fabs(xi[e]));
+                for (int64_t e = b0; e < b1; e++) amax[e] = m;
+            }
+            double ymax = 0;
+            for (int64_t r = 0; r < rows; r++) ymax = fmax(ymax, fabs(yc[(size_t)i * rows + r]));
+            for (int64_t r = 0; r < rows; r++) {
+                const float *wr = wf + (size_t)r * cols;
+                double mag = 0, qerr = 0;
+                for (int64_t e = 0; e < cols; e++) {
+                    mag += fabs((double)wr[e] * xi[e]);
+                    qerr += fabs((double)wr[e]) * amax[e];
+                }
+                double bound;
+                if (qt) bound = 1.5 * 2.0 * qerr / 254.0 + (n > 16 ? 1.5 * 2.0 * mag / 512.0 : 0.0);
+                else if (t == ST_TYPE_F16) bound = 1.5 * mag / 2048.0 * (n > 16 ? 2 : 1);
+                else if (t == ST_TYPE_BF16) bound = 1.5 * mag / 512.0 * (n > 16 ? 2 : 1);
+                else bound = 0.0;
+                bound += 1e-5 * mag + 1e-6;
+                double c = yc[(size_t)i * rows + r], g = yg[(size_t)i * rows + r], e = fabs(c - g);
+                if (!(e <= bound)) // NaN fails too
+                    fail_msg("matmul %s %lld x %lld n=%d: row %d output %lld: cpu %.7g gpu %.7g (error %.3g > bound %.3g; "
+                             "row max |y| %.4g)",
+                             st_type_name(t), (long long)rows, (long long)cols, n, i, (long long)r, c, g, e, bound,
+                             ymax);
+                if (e > st->max_abs) st->max_abs = e;
+                if (ymax > 0 && e / ymax > st->max_rel) st->max_rel = e / ymax;
+                if (bound > 0 && e / bound > st->max_ratio) st->max_ratio = e / bound;
+            }
+        }
+    }
+    dev_free(wd), dev_free(xd), dev_free(yd);
+    free(w), free(wf), free(x), free(yc), free(yg), free(amax);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    printf("%-8s %12s %12s %12s\n", "type", "max abs", "max rel", "err/bound");
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        st_type t = ALL_TYPES[ti];
+        int blk = st_type_get(t)->block;
+        err_stats st = {0, 0, 0};
+        // Odd row counts (not multiples of the 4 rows a block computes); widths of 1-3 blocks
+        // of 256, and for 32-blocks widths that are not multiples of 256.
+        static const int64_t shapes[][2] = {{1, 256}, {7, 512}, {129, 768}, {1000, 256}};
+        for (int s = 0; s < 4; s++) matmul_case(t, shapes[s][0], shapes[s][1], &st);
+        if (blk <= 32) {
+            matmul_case(t, 33, 96, &st);
+            matmul_case(t, 129, 288, &st);
+        }
+        if (blk == 1) matmul_case(t, 5, 77, &st); // float types: a width with no vector loads
+        printf("%-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// get_rows: exact.
+
+static void test_get_rows(void **state) {
+    (void)state;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        st_type t = ALL_TYPES[ti];
+        int64_t rows = 129, cols = st_type_get(t)->block == 32 ? 288 : 768;
+        uint8_t *w = make_weights(t, rows, cols, false);
+        size_t rb = st_row_bytes(t, cols);
+        void *wd = gpu->ops->upload(gpu, w, rb * rows);
+        if (!wd) fail_msg("upload failed: %s", st_error());
+        int n = 37;
+        int32_t ids[37];
+        for (int i = 0; i < n; i++) ids[i] = i < 3 ? (int32_t)(rows - 1 - i) : (int32_t)(rng_u64() % rows);
+        int32_t *idd = dev_put(ids, sizeof ids);
+        float *yd = dev_put(NULL, sizeof(float) * n * cols);
+        float *yg = xmalloc(sizeof(float) * n * cols), *yc = xmalloc(sizeof(float) * cols);
+        st_mat mg = {t, cols, rows, rb, wd};
+        gpu->ops->get_rows(gpu, &mg, idd, n, yd);
+        dev_get(yg, yd, sizeof(float) * n * cols);
+        for (int i = 0; i < n; i++) {
+            st_dequantize(t, w + (size_t)ids[i] * rb, yc, cols);
+            for (int64_t e = 0; e < cols; e++)
+                if (yc[e] != yg[(size_t)i * cols + e] && !(isnan(yc[e]) && isnan(yg[(size_t)i * cols + e])))
+                    fail_msg("get_rows %s: id %d (entry %d) element %lld: cpu %.9g gpu %.9g", st_type_name(t), ids[i],
+                             i, (long long)e, yc[e], yg[(size_t)i * cols + e]);
+        }
+        dev_free(wd), dev_free(idd), dev_free(yd);
+        free(w), free(yg), free(yc);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe vs st_experts_compute. Both sides quantize x for gate/up and the activations for down
+// (CPU: q8_K / q8_0; GPU: int8 blocks of 32 or bf16 for n > 16), so errors compound over two
+// layers; the bound is relative to the row's largest output.
+
+typedef struct moe_case {
+    int E, k, n, d, F;
+    st_type tg, tu, td;
+    double tol; // of the row's max |y|
+} moe_case;
+
+static void routing(int n, int k, int E, int32_t *ids, float *wts) {
+    for (int i = 0; i < n; i++) {
+        float sum = 0;
+        for (int j = 0; j < k; j++) {
+            int32_t e;
+            bool dup;
+            do { // distinct within a row, as the router's top-k
+                e = (int32_t)(rng_u64() % (uint64_t)E);
+                dup = false;
+                for (int q = 0; q < j; q++) dup |= ids[i * k + q] == e;
+            } while (dup);
+            ids[i * k + j] = e;
+            wts[i * k + j] = (float)(0.1 + rnd());
+            sum += wts[i * k + j];
+        }
+        for (int j = 0; j < k; j++) wts[i * k + j] /= sum;
+    }
+}
+
+static st_mat3 stack(st_type t, int64_t rows, int64_t cols, int E, const void *data) {
+    size_t rb = st_row_bytes(t, cols);
+    st_mat3 m = {t, cols, rows, E, rb, rb * (size_t)rows, data};
+    return m;
+}
+
+static void moe_run(const moe_case *mc) {
+    int E = mc->E, k = mc->k, n = mc->n, d = mc->d, F = mc->F;
+    uint8_t *g = make_weights(mc->tg, (int64_t)E * F, d, false), *u = make_weights(mc->tu, (int64_t)E * F, d, false),
+            *dn = make_weights(mc->td, (int64_t)E * d, F, false);
+    st_mat3 gc = stack(mc->tg, F, d, E, g), uc = stack(mc->tu, F, d, E, u), dc = stack(mc->td, d, F, E, dn);
+    st_mat3 gg = gc, ug = uc, dg = dc;
+    gg.data = gpu->ops->upload(gpu, g, gc.mat_bytes * E);
+    ug.data = gpu->ops->upload(gpu, u, uc.mat_bytes * E);
+    dg.data = gpu->ops->upload(gpu, dn, dc.mat_bytes * E);
+    if (!gg.data || !ug.data || !dg.data) fail_msg("upload failed: %s", st_error());
+    float *x = rand_normal((size_t)n * d, 1.0f), *wts = xmalloc(sizeof(float) * n * k);
+    int32_t *ids = xmalloc(sizeof(int32_t) * n * k);
+    routing(n, k, E, ids, wts);
+    float *yc = xmalloc(sizeof(float) * n * d), *yg = xmalloc(sizeof(float) * n * d);
+
+    st_placement *pl;
+    st_experts *ex;
+    assert_int_equal(st_placement_create_host(1, E, &pl), ST_OK);
+    assert_int_equal(st_experts_create(pl, &ex), ST_OK);
+    st_moe_args ac = {.layer = 0, .gate = &gc, .up = &uc, .down = &dc, .x = x, .ids = ids, .weights = wts,
+                      .n = n, .k = k, .y = yc};
+    assert_int_equal(st_experts_compute(ex, cpu, &ac), ST_OK);
+
+    float *xd = dev_put(x, sizeof(float) * n * d), *wd = dev_put(wts, sizeof(float) * n * k);
+    int32_t *idd = dev_put(ids, sizeof(int32_t) * n * k);
+    float *yd = dev_put(NULL, sizeof(float) * n * d);
+    st_moe_args ag = {.layer = 0, .gate = &gg, .up = &ug, .down = &dg, .x = xd, .ids = idd, .weights = wd,
+                      .n = n, .k = k, .y = yd};
+    gpu->ops->moe(gpu, &ag);
+    dev_get(yg, yd, sizeof(float) * n * d);
+
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double ymax = 0;
+        for (int c = 0; c < d; c++) ymax = fmax(ymax, fabs(yc[(size_t)i * d + c]));
+        for (int c = 0; c < d; c++) {
+            double e = fabs((double)yc[(size_t)i * d + c] - yg[(size_t)i * d + c]);
+            if (!(e <= mc->tol * ymax + 1e-6))
+                fail_msg("moe E=%d k=%d n=%d d=%d F=%d %s/%s/%s: row %d col %d: cpu %.7g gpu %.7g (row max %.4g, tol %g)",
+                         E, k, n, d, F, st_type_name(mc->tg), st_type_name(mc->tu), st_type_name(mc->td), i, c,
+                         yc[(size_t)i * d + c], yg[(size_t)i * d + c], ymax, mc->tol);
+            if (ymax > 0 && e / ymax > worst) worst = e / ymax;
+        }
+    }
+    printf("moe E=%3d k=%d n=%3d d=%d F=%d %-7s/%-7s/%-7s max err / row max %.3g\n", E, k, n, d, F,
+           st_type_name(mc->tg), st_type_name(mc->tu), st_type_name(mc->td), worst);
+    st_experts_free(ex);
+    st_placement_free(pl);
+    dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
+    dev_free(xd), dev_free(wd), dev_free(idd), dev_free(yd);
+    free(g), free(u), free(dn), free(x), free(wts), free(ids), free(yc), free(yg);
+}
+
+static void test_moe(void **state) {
+    (void)state;
+    static const moe_case cases[] = {
+        {8, 2, 1, 256, 256, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q6_K, 0.05},
+        {16, 4, 5, 512, 256, ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0, 0.05},
+        {128, 8, 16, 256, 512, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q4_K, 0.05},
+        {8, 8, 16, 256, 256, ST_TYPE_IQ4_XS, ST_TYPE_IQ4_XS, ST_TYPE_Q5_K, 0.05}, // every expert in every row
+        {8, 1, 3, 256, 256, ST_TYPE_IQ3_XXS, ST_TYPE_Q4_K, ST_TYPE_Q8_0, 0.05},  // gate and up differ
+        {16, 3, 7, 128, 96, ST_TYPE_F16, ST_TYPE_F16, ST_TYPE_F16, 0.01},
+        {64, 8, 40, 256, 256, ST_TYPE_IQ4_XS, ST_TYPE_IQ4_XS, ST_TYPE_Q5_K, 0.05},
+        {32, 6, 300, 256, 256, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q6_K, 0.05},
+        {128, 8, 17, 512, 256, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q6_K, 0.05},
+        {8, 2, 20, 64, 64, ST_TYPE_F32, ST_TYPE_F32, ST_TYPE_BF16, 0.02},
+        {16, 4, 9, 256, 256, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ3_S, 0.05},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// --bench
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef void (*bench_fn)(void *ctx);
+static double time_op(bench_fn fn, void *ctx) {
+    fn(ctx);
+    gpu_sync("bench warm-up");
+    int reps = 1;
+    for (;;) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) fn(ctx);
+        gpu_sync("bench");
+        double t = now_s() - t0;
+        if (t > 0.2 || reps >= (1 << 20)) return t / reps;
+        reps *= t < 0.02 ? 10 : 2;
+    }
+}
+
+typedef struct mm_ctx {
+    st_mat w;
+    float *x, *y;
+    int n;
+} mm_ctx;
+static void mm_fn(void *ctx) {
+    mm_ctx *m = ctx;
+    gpu->ops->matmul(gpu, &m->w, m->x, m->n, m->y);
+}
+static void moe_fn(void *ctx) { gpu->ops->moe(gpu, ctx); }
+
+static int bench(void) {
+    static const st_type types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_K,   ST_TYPE_Q5_K,    ST_TYPE_Q6_K,
+                                    ST_TYPE_IQ4_XS, ST_TYPE_IQ3_XXS, ST_TYPE_IQ3_S, ST_TYPE_IQ2_XS,
+                                    ST_TYPE_Q4_0, ST_TYPE_F16,    ST_TYPE_BF16,    ST_TYPE_F32};
+    static const int64_t shapes[][2] = {{2048, 768}, {4096, 4096}, {151936, 2048}}; // rows x cols
+    printf("matmul n=1 (one quantize + one matrix-vector launch per call, no graph): GB/s of weights, vs 4.0 TB/s\n");
+    printf("%-8s", "type");
+    for (int s = 0; s < 3; s++) printf("   %6lldx%-5lld us    GB/s  %%4TB", (long long)shapes[s][0], (long long)shapes[s][1]);
+    printf("\n");
+    int nmax = 2048;
+    float *x = xmalloc(sizeof(float) * (size_t)nmax * 4096);
+    for (size_t i = 0; i < (size_t)nmax * 4096; i++) x[i] = rnd_normal();
+    float *xd = dev_put(x, sizeof(float) * (size_t)nmax * 4096);
+    float *yd = dev_put(NULL, sizeof(float) * (size_t)151936 * 16 > sizeof(float) * (size_t)nmax * 4096
+                                  ? sizeof(float) * (size_t)151936 * 16
+                                  : sizeof(float) * (size_t)nmax * 4096);
+    free(x);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        st_type t = types[ti];
+        printf("%-8s", st_type_name(t));
+        for (int s = 0; s < 3; s++) {
+            int64_t rows = shapes[s][0], cols = shapes[s][1];
+            size_t bytes = st_row_bytes(t, cols) * (size_t)rows;
+            uint8_t *w = xmalloc(bytes);
+            random_blocks(t, w, bytes);
+            mm_ctx m = {{t, cols, rows, st_row_bytes(t, cols), gpu->ops->upload(gpu, w, bytes)}, xd, yd, 1};
+            free(w);
+            if (!m.w.data) fail_msg("upload failed: %s", st_error());
+            double sec = time_op(mm_fn, &m);
+            double gbs = bytes / sec / 1e9;
+            printf("   %12.1f %7.0f %5.1f%%", sec * 1e6, gbs, gbs / 40.0);
+            dev_free((void *)m.w.data);
+        }
+        printf("\n");
+    }
+
+    // Window sizes and the prompt GEMM on the 4096 x 4096 Q4_K matrix.
+    {
+        st_type t = ST_TYPE_Q4_K;
+        int64_t rows = 4096, cols = 4096;
+        size_t bytes = st_row_bytes(t, cols) * (size_t)rows;
+        uint8_t *w = xmalloc(bytes);
+        random_blocks(t, w, bytes);
+        mm_ctx m = {{t, cols, rows, st_row_bytes(t, cols), gpu->ops->upload(gpu, w, bytes)}, xd, yd, 1};
+        free(w);
+        static const int ns[] = {1, 2, 4, 8, 16, 17, 64, 512, 2048};
+        for (int i = 0; i < 9; i++) {
+            m.n = ns[i];
+            double sec = time_op(mm_fn, &m);
+            printf("q4_K 4096x4096 n=%-5d %9.1f us %7.0f GB/s %8.1f TFLOPS\n", ns[i], sec * 1e6, bytes / sec / 1e9,
+                   2.0 * ns[i] * rows * cols / sec / 1e12);
+        }
+        dev_free((void *)m.w.data);
+    }
+
+    // Experts at the Qwen3-30B-A3B shape: E=128, k=8, d=2048, F=768, Q4_K.
+    {
+        int E = 128, k = 8, d = 2048, F = 768;
+        st_type t = ST_TYPE_Q4_K;
+        size_t gb = st_row_bytes(t, d) * (size_t)F * E, db = st_row_bytes(t, F) * (size_t)d * E;
+        uint8_t *w = xmalloc(gb > db ? gb : db);
+        random_blocks(t, w, gb);
+        st_mat3 g = stack(t, F, d, E, gpu->ops->upload(gpu, w, gb));
+        random_blocks(t, w, gb);
+        st_mat3 u = stack(t, F, d, E, gpu->ops->upload(gpu, w, gb));
+        random_blocks(t, w, db);
+        st_mat3 dn = stack(t, d, F, E, gpu->ops->upload(gpu, w, db));
+        free(w);
+        size_t per_expert = g.mat_bytes + u.mat_bytes + dn.mat_bytes;
+        static const int ns[] = {1, 4, 16, 17, 512, 2048};
+        for (int i = 0; i < 6; i++) {
+            int n = ns[i];
+            int32_t *ids = xmalloc(sizeof(int32_t) * n * k);
+            float *wts = xmalloc(sizeof(float) * n * k);
+            routing(n, k, E, ids, wts);
+            bool used[128] = {false};
+            int nu = 0;
+            for (int j = 0; j < n * k; j++)
+                if (!used[ids[j]]) used[ids[j]] = true, nu++;
+            float *xdd = dev_put(NULL, sizeof(float) * (size_t)n * d);
+            float *ydd = dev_put(NULL, sizeof(float) * (size_t)n * d);
+            {
+                float *xh = rand_normal((size_t)n * d, 1.0f);
+                gpu->ops->from_host(gpu, xdd, xh, sizeof(float) * (size_t)n * d);
+                free(xh);
+            }
+            st_moe_args a = {.layer = 0, .gate = &g, .up = &u, .down = &dn, .x = xdd,
+                             .ids = dev_put(ids, sizeof(int32_t) * n * k), .weights = dev_put(wts, sizeof(float) * n * k),
+                             .n = n, .k = k, .y = ydd};
+            double sec = time_op(moe_fn, &a);
+            double flops = 2.0 * n * k * 3.0 * d * F;
+            printf("moe 30B shape q4_K n=%-5d %3d experts %9.1f us %7.0f GB/s (%4.1f%% of 4 TB/s) %7.2f TFLOPS\n", n, nu,
+                   sec * 1e6, nu * per_expert / sec / 1e9, nu * per_expert / sec / 4e10, flops / sec / 1e12);
+            dev_free((void *)a.ids), dev_free((void *)a.weights), dev_free(xdd), dev_free(ydd);
+            free(ids), free(wts);
+        }
+        dev_free((void *)g.data), dev_free((void *)u.data), dev_free((void *)dn.data);
+    }
+    dev_free(xd), dev_free(yd);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (!st_cuda_available()) {
+        printf("SKIPPED: built without CUDA\n");
+        return 77;
+    }
+    st_gpu_info info[8];
+    int ngpu = 0;
+    char why[256] = "";
+    if (st_cuda_devices(info, 8, &ngpu, why, sizeof why) != ST_OK || ngpu == 0) {
+        printf("SKIPPED: no GPU (%s)\n", why);
+        return 77;
+    }
+    if (st_backend_cpu_create(4, &cpu) != ST_OK || st_backend_cuda_create(0, 256 << 20, 2, &gpu) != ST_OK) {
+        fprintf(stderr, "cannot create the backends: %s\n", st_error());
+        return 1;
+    }
+    int rc;
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        printf("GPU 0: %s\n", info[0].name);
+        rc = bench();
+    } else {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_get_rows),
+            cmocka_unit_test(test_matmul),
+            cmocka_unit_test(test_moe),
+        };
+        rc = cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    st_backend_free(gpu);
+    st_backend_free(cpu);
+    return rc;
+}
