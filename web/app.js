@@ -347,8 +347,14 @@ function updateMessageEl(div, m) {
     details.querySelector('.text').textContent = m.reasoning;
   }
   if (m.error) content.textContent = m.error;
+  else if (!m.streaming && !m.content && !m.reasoning) content.innerHTML = '<p class="muted">(empty reply)</p>';
   else content.innerHTML = renderMarkdown(m.content);
-  meta.textContent = m.meta || (m.streaming ? '…' : '');
+  let live = '…';
+  const p = m.progress;
+  if (p && !m.content && !m.reasoning && p.total > 0)   // a long prompt being read: how far
+    live = `reading the prompt: ${fmtNum(p.processed)} of ${fmtNum(p.total)} tokens` +
+      (p.cache ? ` (${fmtNum(p.cache)} from the cache)` : '');
+  meta.textContent = m.meta || (m.streaming ? live : '');
   div.classList.toggle('error', !!m.error);
   div.setAttribute('aria-busy', m.streaming ? 'true' : 'false');   // screen readers wait for the whole reply
 }
@@ -432,7 +438,7 @@ async function send(text) {
   saveConvs();
   renderAll();
 
-  const body = { messages: history, stream: true, stream_options: { include_usage: true } };
+  const body = { messages: history, stream: true, stream_options: { include_usage: true }, return_progress: true };
   if (settings.system.trim()) body.messages.unshift({ role: 'system', content: settings.system });
   if (settings.temperature !== '' && settings.temperature !== null) body.temperature = Number(settings.temperature);
   if (settings.max_tokens) body.max_tokens = Number(settings.max_tokens);
@@ -450,6 +456,7 @@ async function send(text) {
     await readSSE(res, (chunk) => {
       if (chunk.error) throw new Error(chunk.error.message || String(chunk.error));
       if (chunk.usage) usage = chunk.usage;
+      if (chunk.prompt_progress) { reply.progress = chunk.prompt_progress; scheduleUpdate(reply); }
       const d = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
       if (d.reasoning_content || d.content) {
         if (!tFirst) tFirst = performance.now();
@@ -472,6 +479,7 @@ async function send(text) {
   if (stopped) parts.push('stopped');
   reply.meta = parts.join(' · ');
   delete reply.streaming;
+  delete reply.progress;
   controller = null;
   saveConvs();
   scheduleUpdate(reply);
