@@ -3,6 +3,7 @@ real `strata serve` (STRATA_BIN, the embedded tiny model, a free port) serves at
 streams an answer in, Stop ends a reply, conversations survive a reload, the Monitor tab shows
 /status, the model's text is escaped, and nothing is loaded from outside the server.
 Skipped when chromium, chromedriver or selenium is missing (./setup.sh installs them)."""
+import contextlib
 import json
 import os
 import re
@@ -37,13 +38,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def serve(log, *extra):
+    """The real `strata serve` on the tiny model and a free port; yields its URL, then stops it."""
     port = free_port()
-    log = tmp_path_factory.mktemp("web") / "serve.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen([BIN, "serve", "--model", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
-                                 "--parallel", "1"], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 "--parallel", "1", *extra], stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + STARTUP_S
     while True:
@@ -60,14 +62,22 @@ def server(tmp_path_factory):
             pytest.fail(f"strata serve did not answer /health within {STARTUP_S} s:\n"
                         f"{log.read_text(errors='replace')[-4000:]}")
         time.sleep(0.2)
-    yield url
-    proc.terminate()
     try:
-        rc = proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("strata serve did not exit within 30 s of SIGTERM")
-    assert rc == 0, f"strata serve exited with {rc}:\n{log.read_text(errors='replace')[-4000:]}"
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "a timeout: it did not exit within 30 s of SIGTERM"
+    assert rc == 0, f"strata serve ended with {rc}:\n{log.read_text(errors='replace')[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("web") / "serve.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -315,3 +325,29 @@ def test_markdown_renders_and_escapes(server, browser):
     text = browser.execute_script("const d = document.createElement('div');"
                                   "d.innerHTML = Strata.renderMarkdown(arguments[0]); return d.textContent;", HOSTILE[6])
     assert "<b>code</b>" in text and "<i>bold</i>" in text
+
+
+def test_api_key_from_settings(server, browser, tmp_path):
+    with serve(tmp_path / "serve-key.log", "--api-key", "sesame") as url:
+        open_page(browser, url, {"temperature": 0, "max_tokens": 4, "system": "", "api_key": ""})
+        send(browser, "import os")
+        WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant.error"))
+        assert "401" in browser.find_element(By.CSS_SELECTOR, ".msg.assistant.error").text
+        browser.find_element(By.ID, "tab-monitor").click()
+        WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "mon-error").is_displayed())
+        assert "401" in browser.find_element(By.ID, "mon-error").text
+        # The key typed into Settings is kept and sent: the monitor and the chat work.
+        browser.find_element(By.ID, "tab-chat").click()
+        browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+        key = browser.find_element(By.ID, "set-api-key")
+        key.send_keys("sesame")
+        browser.find_element(By.ID, "set-system").click()  # leaving the field saves it
+        assert json.loads(browser.execute_script("return localStorage.getItem('strata.settings')"))["api_key"] == "sesame"
+        browser.find_element(By.ID, "tab-monitor").click()
+        WebDriverWait(browser, 10).until(lambda d: not d.find_element(By.ID, "mon-error").is_displayed())
+        browser.find_element(By.ID, "tab-chat").click()
+        send(browser, "import sys")
+        WebDriverWait(browser, 60).until(lambda d: d.find_element(By.ID, "send").is_displayed()
+                                         and len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2)
+        last = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1]
+        assert "error" not in last.get_attribute("class"), last.text
