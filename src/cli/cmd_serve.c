@@ -45,15 +45,16 @@ int st_cmd_serve(int argc, char **argv) {
         }
         rest[n_rest++] = argv[i];
     }
+    // Every problem of the config, the flags and the result is said at once, before loading.
     st_server_config cfg;
     st_server_config_init(&cfg);
-    st_status st = config ? st_server_config_load(&cfg, config) : ST_OK;
-    if (!st) st = st_server_config_args(&cfg, n_rest, rest);
+    bool bad = false;
+    if (config && st_server_config_load(&cfg, config)) bad = true, fprintf(stderr, "strata serve: %s\n", st_error());
+    if (st_server_config_args(&cfg, n_rest, rest)) bad = true, fprintf(stderr, "strata serve: flags: %s\n", st_error());
     free(rest);
-    if (!st && !cfg.model) cfg.model = strdup(st_cli_default_model());
-    if (!st) st = st_server_config_check(&cfg);
-    if (st) {
-        fprintf(stderr, "strata serve: %s\n", st_error());
+    if (!cfg.model) cfg.model = strdup(st_cli_default_model());
+    if (st_server_config_check(&cfg)) bad = true, fprintf(stderr, "strata serve: %s\n", st_error());
+    if (bad) {
         st_server_config_free(&cfg);
         return 2;
     }

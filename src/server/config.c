@@ -277,6 +277,7 @@ static void apply_args(st_server_config *c, int argc, char **argv, const char *w
         const key *k = find_flag(a);
         if (!k) {
             err_add(e, "%s: unknown flag (see strata serve --help)", w);
+            if (i + 1 < argc && argv[i + 1][0] != '-') i++; // its value, most likely
             continue;
         }
         if (i + 1 >= argc) {
@@ -291,16 +292,17 @@ static void apply_args(st_server_config *c, int argc, char **argv, const char *w
     }
 }
 
+// what: NULL, or where the problems are ("config strata-x.json").
 static st_status report(const errs *e, const char *what) {
     if (!e->n) return ST_OK;
-    return st_fail(ST_ERR_ARG, "%s: %d problem%s:\n%.*s", what, e->n, e->n > 1 ? "s" : "", (int)(e->len ? e->len - 1 : 0),
-                   e->buf);
+    return st_fail(ST_ERR_ARG, "%s%s%d problem%s:\n%.*s", what ? what : "", what ? ": " : "", e->n, e->n > 1 ? "s" : "",
+                   (int)(e->len ? e->len - 1 : 0), e->buf);
 }
 
 st_status st_server_config_args(st_server_config *c, int argc, char **argv) {
     errs e = {.len = 0};
     apply_args(c, argc, argv, NULL, &e);
-    return report(&e, "strata serve");
+    return report(&e, NULL);
 }
 
 st_status st_server_config_load(st_server_config *c, const char *path) {
@@ -359,7 +361,7 @@ st_status st_server_config_check(const st_server_config *c) {
         if (strcmp(o, "*") && strncmp(o, "http://", 7) && strncmp(o, "https://", 8))
             err_add(&e, "cors_origins[%zu]: '%s' is not an origin (http://host[:port], https://... or *)", i, o);
     }
-    return report(&e, "strata serve");
+    return report(&e, NULL);
 }
 
 void st_server_config_help(FILE *f) {

@@ -517,10 +517,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
         const char *cl = header(c, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > limit) { // refused before the body is read
-            cc->too_big = true;
-            return route(s, c, url, method, cc);
-        }
+        unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+        if (n > limit) cc->too_big = true;
+        // A body a little too large is read and dropped, so the client can read the 413; a far
+        // larger one is refused at once (the connection closes under it).
+        if (n > limit + ((size_t)64 << 20)) return route(s, c, url, method, cc);
         return MHD_YES;
     }
     if (*upload_size) {
