@@ -19,7 +19,7 @@ static void help(void) {
            "the web page at /. Every option is also a key of the config file (\"--max-body-mib 8\" is\n"
            "\"max_body_mib\": 8); options on the command line win over the file. docs/SERVER.md has\n"
            "the details.\n\n"
-           "  --config FILE         a strata-NAME.json (its \"args\" are extra options)\n");
+           "  %-30s %s\n", "--config FILE", "a strata-NAME.json (its \"args\" are extra flags)");
     st_server_config_help(stdout);
 }
 
@@ -58,9 +58,6 @@ int st_cmd_serve(int argc, char **argv) {
         st_server_config_free(&cfg);
         return 2;
     }
-    if (strcmp(cfg.gpu, "auto") && strcmp(cfg.gpu, "cpu"))
-        st_log_warn("serve: gpu %s asked for, but this build runs on the CPU only (the GPU backend is not in it yet)",
-                    cfg.gpu);
     if (cfg.layer_split) st_log_warn("serve: layer_split is kept for several GPUs, which this build does not run yet");
 
     // SIGINT/SIGTERM go to this thread only (sigwait below): every thread started from here on
@@ -75,7 +72,8 @@ int st_cmd_serve(int argc, char **argv) {
     double t0 = st_time_s();
     fprintf(stderr, "strata serve: loading %s\n", cfg.model);
     strata_model *m = NULL;
-    strata_model_params mp = {.path = cfg.model, .n_threads = cfg.threads};
+    strata_model_params mp = {.path = cfg.model, .n_threads = cfg.threads, .gpu = cfg.gpu,
+                              .vram_reserve_mib = cfg.vram_reserve_mib};
     if (strata_model_open(&mp, &m)) {
         int rc = st_cli_fail(ST_ERR_IO);
         st_server_config_free(&cfg);
@@ -88,7 +86,10 @@ int st_cmd_serve(int argc, char **argv) {
         st_server_config_free(&cfg);
         return rc;
     }
-    fprintf(stderr, "strata serve: ready in %.1f s: http://%s%s%s:%d/ (API at /v1, %d slot%s%s)\n", st_time_s() - t0,
+    strata_model_info info = strata_model_get_info(m);
+    char where[32] = "the CPU";
+    if (info.gpu >= 0) snprintf(where, sizeof where, "GPU %d", info.gpu);
+    fprintf(stderr, "strata serve: ready in %.1f s on %s: http://%s%s%s:%d/ (API at /v1, %d slot%s%s)\n", st_time_s() - t0, where,
             strchr(cfg.host, ':') ? "[" : "", cfg.host, strchr(cfg.host, ':') ? "]" : "", cfg.port, cfg.parallel,
             cfg.parallel > 1 ? "s" : "", cfg.api_key && *cfg.api_key ? ", API key required" : "");
 

@@ -53,7 +53,10 @@ static const key keys[] = {
      "S  seconds SIGINT/SIGTERM waits for running requests (default 30)"},
     {"thinking", "--thinking", NULL, K_THINK, OFF(thinking), 0, 0, false,
      "on|off|auto  enable_thinking for requests that do not say (default auto: the template's)"},
-    {"gpu", "--gpu", NULL, K_GPU, OFF(gpu), 0, 0, false, "N|cpu|auto  GPU to run on (default auto; this build: CPU)"},
+    {"gpu", "--gpu", NULL, K_GPU, OFF(gpu), 0, 0, false,
+     "N|cpu|auto  where the model runs (default auto: the first usable GPU it fits, else the CPU)"},
+    {"vram_reserve_mib", "--vram-reserve-mib", NULL, K_INT, OFF(vram_reserve_mib), 0, 1 << 20, false,
+     "N  VRAM left free on the GPU in MiB (default 0: the engine's, 384)"},
     {"layer_split", "--layer-split", NULL, K_SPLIT, OFF(layer_split), 0, 0, false,
      "L,...  where each later GPU's layers start (several GPUs; not built yet)"},
     {"cors_origins", "--cors-origin", NULL, K_ORIGINS, OFF(cors_origins), 0, 0, false,
@@ -368,9 +371,14 @@ void st_server_config_help(FILE *f) {
     for (size_t i = 0; i < N_KEYS; i++) {
         const key *k = &keys[i];
         if (!k->flag) continue;
-        char fl[48];
-        snprintf(fl, sizeof fl, "%s%s%s", k->alt && k->alt[0] == '-' ? k->alt : "", k->alt && k->alt[0] == '-' ? ", " : "",
-                 k->flag);
-        fprintf(f, "  %s %s\n", fl, k->help);
+        // help is "VALUE  what it does": the value goes beside the flag, the rest in a column.
+        const char *gap = strstr(k->help, "  ");
+        int vlen = gap ? (int)(gap - k->help) : 0;
+        const char *desc = gap ? gap : k->help;
+        while (*desc == ' ') desc++;
+        char fl[80];
+        snprintf(fl, sizeof fl, "%s%s%s %.*s", k->alt && k->alt[0] == '-' ? k->alt : "",
+                 k->alt && k->alt[0] == '-' ? ", " : "", k->flag, vlen, k->help);
+        fprintf(f, "  %-30s %s\n", fl, desc);
     }
 }

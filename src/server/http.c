@@ -91,7 +91,7 @@ static enum MHD_Result send_bytes(st_server *s, struct MHD_Connection *c, conn_c
 }
 
 static enum MHD_Result send_json(st_server *s, struct MHD_Connection *c, conn_ctx *cc, int status, json_t *v) {
-    char *text = json_dumps(v, JSON_COMPACT);
+    char *text = json_dumps(v, JSON_COMPACT | JSON_REAL_PRECISION(9)); // floats read as written (0.7, not 0.69999...)
     json_decref(v);
     if (!text) return MHD_NO;
     enum MHD_Result r = send_bytes(s, c, cc, status, "application/json", text, strlen(text), true);
@@ -359,7 +359,7 @@ static json_t *status_json(st_server *s) {
     pthread_mutex_unlock(&s->mu);
     return json_pack("{s:s,s:s,s:i,s:i,s:f,s:o,s:{s:i,s:i},s:{s:I,s:i,s:I},s:{s:I,s:I},s:{s:f,s:f},s:{s:I,s:I},"
                      "s:n,s:{s:f,s:I,s:I,s:I,s:[]}}",
-                     "model", s->model_id, "backend", "cpu", "ctx", ss.ctx, "parallel", ss.parallel, "uptime_s",
+                     "model", s->model_id, "backend", s->info.backend ? s->info.backend : "cpu", "ctx", ss.ctx, "parallel", ss.parallel, "uptime_s",
                      st_time_s() - s->t_start, "slots", sl, "queue", "depth", ss.queue_depth, "limit", ss.queue_limit,
                      "requests", "total", (json_int_t)total, "active", active, "errors", (json_int_t)errors, "tokens",
                      "prompt", (json_int_t)ss.prompt_tokens, "generated", (json_int_t)ss.generated_tokens, "speed",
@@ -380,14 +380,14 @@ static json_t *props_json(st_server *s) {
                                  "repeat_last_n", sp->penalty_last_n);
     if (c->seed_set) json_object_set_new(sampling, "seed", json_integer((json_int_t)sp->seed));
     return json_pack("{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:b,s:I,s:s,s:{s:s,s:i,s:i,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:i,"
-                     "s:s,s:b,s:O,s:o},s:s}",
+                     "s:s,s:s,s:b,s:O,s:o},s:s}",
                      "model", s->model_id, "model_path", s->model_path, "arch", s->info.arch, "n_ctx", ss.ctx,
                      "n_ctx_train", s->info.n_ctx_train, "n_vocab", s->info.n_vocab, "n_layer", s->info.n_layer,
                      "n_expert", s->info.n_expert, "n_expert_used", s->info.n_expert_used, "has_mtp", s->info.has_mtp,
-                     "file_bytes", (json_int_t)s->info.file_bytes, "backend", "cpu", "settings", "host", c->host, "port",
+                     "file_bytes", (json_int_t)s->info.file_bytes, "backend", s->info.backend ? s->info.backend : "cpu", "settings", "host", c->host, "port",
                      c->port, "parallel", c->parallel, "queue", c->queue, "batch", c->batch, "kv", c->kv, "prompt_cache",
                      c->prompt_cache, "max_body_mib", c->max_body_mib, "timeout", c->timeout, "max_tokens", c->max_tokens,
-                     "threads", c->threads, "thinking", c->thinking < 0 ? "auto" : c->thinking ? "on" : "off",
+                     "threads", c->threads, "gpu", c->gpu, "thinking", c->thinking < 0 ? "auto" : c->thinking ? "on" : "off",
                      "api_key", c->api_key && *c->api_key, "cors_origins", c->cors_origins, "sampling", sampling,
                      "version", "0.1.0");
 }

@@ -33,7 +33,8 @@ typedef struct st_server_config {
     int max_tokens;           // default when a request gives none; 0: until the end or the context
     int drain_timeout;        // seconds SIGINT/SIGTERM waits for running requests
     int thinking;             // -1: the template's default, 0 off, 1 on
-    char *gpu;                // "auto", "cpu" or a device number (as text)
+    char *gpu;                // "auto", "cpu" or a device number (as text): strata_model_params.gpu
+    int vram_reserve_mib;     // VRAM left free on the GPU; 0: the engine's default
     json_t *layer_split;      // NULL, a string or an array of layer numbers (several GPUs)
     json_t *cors_origins;     // array of origins allowed to call the API from a browser
     strata_sampling sampling; // defaults for requests that leave a field out
