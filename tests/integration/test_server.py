@@ -396,15 +396,18 @@ def test_slow_and_broken_clients(srv):
     assert srv.get("/health")[0] == 200
 
 
-def test_client_that_leaves_stops_its_generation(srv):
-    before = srv.metrics()["strata_generated_tokens_total"]
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_that_leaves_stops_its_generation(srv, stream):
+    m0 = srv.metrics()
+    before, errors = m0["strata_generated_tokens_total"], m0["strata_requests_errors_total"]
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
     body = json.dumps({"messages": [{"role": "user", "content": "def long():"}], "max_tokens": 3000,
-                       "stream": True, "temperature": 0.7})
+                       "stream": stream, "temperature": 0.7, "seed": 3})
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body.encode())
-    s.recv(4096)  # the stream began
-    time.sleep(0.5)
+    if stream:
+        s.recv(4096)  # the stream began
+    time.sleep(1.0)
     s.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -414,7 +417,9 @@ def test_client_that_leaves_stops_its_generation(srv):
         time.sleep(0.2)
     else:
         pytest.fail(f"the generation went on after the client left: {st}")
-    assert srv.metrics()["strata_generated_tokens_total"] - before < 1000
+    m1 = srv.metrics()
+    assert 0 < m1["strata_generated_tokens_total"] - before < 1000
+    assert m1["strata_requests_errors_total"] == errors + 1  # cut short, not finished
 
 
 # ---------------------------------------------------------------------------------------------
