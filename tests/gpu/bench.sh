@@ -11,7 +11,7 @@ B=$1; shift
 OUT=${OUT:-/tmp/strata-gpu}
 MODELS=${MODELS_DIR:-/tmp/strata-models}
 mkdir -p "$OUT" "$MODELS"
-[ -d .whl/qwen3-tokenizer ] && export STRATA_QWEN3_TOKENIZER=$PWD/.whl/qwen3-tokenizer
+[ -d .tok/qwen3-tokenizer ] && export STRATA_QWEN3_TOKENIZER=$PWD/.tok/qwen3-tokenizer
 
 bench() { # name file
   echo "== bench $1"

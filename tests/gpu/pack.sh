@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Packs a CUDA build for the GPU machine into .pack/gpu-pack.tar.xz (ignored; the tree that
+# travels is capped at 64 MiB): the strata binary, every test binary (stripped), and the shared
+# libraries that machine may lack (everything but libc's and CUDA's). Then, there:
+#   tar xJf .pack/gpu-pack.tar.xz && STRATA_GPU_BUILD=gpu-pack tests/gpu/run.sh
+# carrying .pack and .whl (and .tok, the Qwen3 tokenizer, for the 30b / 80b benchmarks).
+#
+#   tests/gpu/pack.sh [BUILD_DIR]     (default build-cuda; configured here for sm_90 if new)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-build-cuda}
+if [ ! -f "$B/CMakeCache.txt" ]; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" >/dev/null
+fi
+cmake --build "$B" -j"$(nproc)"
+rm -rf gpu-pack && mkdir -p gpu-pack/lib
+cp "$B"/strata "$B"/test_* gpu-pack/
+ldd "$B/strata" "$B"/test_* 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcudart|libcublas[^/]*)\.so' |
+  while read -r lib; do cp -L "$lib" gpu-pack/lib/; done
+strip gpu-pack/strata gpu-pack/test_*
+mkdir -p .pack && tar cJf .pack/gpu-pack.tar.xz gpu-pack && rm -rf gpu-pack
+ls -la .pack/gpu-pack.tar.xz
