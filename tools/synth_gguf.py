@@ -549,8 +549,16 @@ def validate(cfg: Config) -> None:
         parse_type(t)
 
 
-def write(cfg: Config, path: str | os.PathLike, verbose: bool = False) -> list[str]:
-    """Write the model; returns notes (type fallbacks). Deterministic for a given cfg."""
+_SPECS: list[TensorSpec] = []  # the plan being written, for worker processes (inherited by fork)
+
+
+def _tensor_bytes(i: int) -> bytes:
+    return b"".join(np.ascontiguousarray(c).tobytes() for c in _SPECS[i].chunks())
+
+
+def write(cfg: Config, path: str | os.PathLike, verbose: bool = False, jobs: int = 1) -> list[str]:
+    """Write the model; returns notes (type fallbacks). Deterministic for a given cfg: every tensor
+    has its own random stream, so jobs > 1 (tensors made in worker processes) writes the same bytes."""
     validate(cfg)
     vocab = make_vocab(cfg)
     cfg = dataclasses.replace(cfg, n_vocab=len(vocab["tokens"]))
@@ -566,10 +574,21 @@ def write(cfg: Config, path: str | os.PathLike, verbose: bool = False) -> list[s
     fout = w.fout[0]
     total = sum(s.nbytes for s in specs)
     done = 0
+    global _SPECS
+    _SPECS = specs
+    pool = None
+    if jobs > 1:
+        import multiprocessing
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        made = pool.imap(_tensor_bytes, range(len(specs)))
     for s in specs:
         w.write_padding(fout, fout.tell())
         n = 0
-        for chunk in s.chunks():
+        for chunk in ([next(made)] if pool else s.chunks()):
+            if isinstance(chunk, bytes):
+                fout.write(chunk)
+                n += len(chunk)
+                continue
             b = np.ascontiguousarray(chunk)
             b.tofile(fout)
             n += b.nbytes
@@ -581,6 +600,9 @@ def write(cfg: Config, path: str | os.PathLike, verbose: bool = False) -> list[s
             print(f"\r{done / 2**30:8.2f} / {total / 2**30:.2f} GiB  {s.name:40s}", end="", file=sys.stderr)
     if verbose:
         print(file=sys.stderr)
+    if pool:
+        pool.close()
+        pool.join()
     w.close()
     return notes
 
@@ -613,6 +635,7 @@ def config_from_args(argv: list[str] | None = None) -> tuple[Config, argparse.Na
     ap.add_argument("--legacy-ssm-in", dest="legacy_ssm_in", action="store_true", default=None,
                     help="write the legacy fused ssm_in instead of attn_qkv + attn_gate")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="worker processes making tensors (same bytes)")
     args = ap.parse_args(argv)
     cfg = Config(**PRESETS[args.preset])
     over = {f: getattr(args, f) for f in list(FLAG_FIELDS.values()) + ["mtp", "legacy_ssm_in"]
@@ -623,7 +646,7 @@ def config_from_args(argv: list[str] | None = None) -> tuple[Config, argparse.Na
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = config_from_args(argv)
-        notes = write(cfg, args.out, verbose=args.verbose)
+        notes = write(cfg, args.out, verbose=args.verbose, jobs=max(1, args.jobs))
     except (ValueError, OSError) as e:
         print(f"synth_gguf: {e}", file=sys.stderr)
         return 1

@@ -16,6 +16,13 @@ mkdir -p "$OUT" "$MODELS"
 bench() { # name file
   echo "== bench $1"
   "$B/strata" bench -m "$2" --gpu 0 --prompt 512,2048,8192 --batch 2048 --decode 128 2>&1 | tee "$OUT/bench-$1.txt"
+  # Where decode and prompt time goes, per op (CUDA events around each op; graphs off).
+  if [ -n "${STRATA_PROFILE:-}" ]; then
+    STRATA_CUDA_PROFILE=1 "$B/strata" bench -m "$2" --gpu 0 --prompt 0 --decode 32 2>&1 | sed -n '/GPU time per op/,$p' \
+      | head -40 | tee "$OUT/prof-$1-decode.txt"
+    STRATA_CUDA_PROFILE=1 "$B/strata" bench -m "$2" --gpu 0 --prompt 2048 --batch 2048 --decode 0 2>&1 \
+      | sed -n '/GPU time per op/,$p' | head -40 | tee "$OUT/prof-$1-prompt.txt"
+  fi
 }
 
 for what in "$@"; do
@@ -25,7 +32,7 @@ for what in "$@"; do
       preset=$([ $what = 30b ] && echo qwen3-30b-a3b || echo qwen3-next-80b-a3b)
       f="$MODELS/$preset-q4_K.gguf"
       t0=$(date +%s)
-      python3 tools/synth_gguf.py "$f" --preset "$preset" --expert-type q4_K > "$OUT/synth-$what.log" 2>&1 \
+      python3 tools/synth_gguf.py "$f" --preset "$preset" --expert-type q4_K -j "$(nproc)" > "$OUT/synth-$what.log" 2>&1 \
         || { echo "synth $preset failed"; tail -5 "$OUT/synth-$what.log"; continue; }
       echo "made $f in $(( $(date +%s) - t0 )) s ($(du -h "$f" | cut -f1))"
       bench "$what" "$f"

@@ -150,9 +150,14 @@ typedef struct cuda_graph {
     int runs;       // eager runs so far
 } cuda_graph;
 
+static bool env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
 static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
     st_cuda *c = st_cuda_of(b);
-    if (getenv("STRATA_CUDA_GRAPHS") && !strcmp(getenv("STRATA_CUDA_GRAPHS"), "0")) return fn(ctx);
+    if (env_is("STRATA_CUDA_GRAPHS", "0") || env_is("STRATA_CUDA_PROFILE", "1")) return fn(ctx);
     cuda_graph *g = (cuda_graph *)*slot;
     if (!g) {
         g = (cuda_graph *)st_calloc(1, sizeof *g);
@@ -209,6 +214,7 @@ static void cuda_graph_free(st_backend *b, void *graph) {
 static void cuda_destroy(st_backend *b) {
     st_cuda *c = st_cuda_of(b);
     cudaStreamSynchronize(c->stream);
+    st_cuda_profile_report();
     for (int i = 0; i < ST_SCR_COUNT; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     if (c->cublas) cublasDestroy(c->cublas);
@@ -365,7 +371,7 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     if (!c) return ST_ERR_NOMEM;
     c->device = device;
     c->reserve = reserve_bytes;
-    c->base.ops = &cuda_ops;
+    c->base.ops = env_is("STRATA_CUDA_PROFILE", "1") ? st_cuda_profile_ops(&cuda_ops) : &cuda_ops;
     st_status s = ST_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);

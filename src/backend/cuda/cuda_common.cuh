@@ -57,6 +57,11 @@ void st_cuda_fail_msg(st_cuda *c, const char *file, int line, const char *fmt, .
 // NULL (and the error kept) when the GPU is out of memory or a recording would need to grow.
 void *st_cuda_scratch(st_cuda *c, int slot, size_t bytes);
 
+// profile.cu: STRATA_CUDA_PROFILE=1 wraps every op with CUDA-event timing (graphs off); the
+// table is printed when the backend is freed.
+const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real);
+void st_cuda_profile_report(void);
+
 // ---------------------------------------------------------------------------------------------
 // Ops, by file. Rules for every op (see DESIGN.md and backend.h):
 // - Run on c->stream, asynchronously; report errors through st_cuda_fail, never exit.

@@ -1,0 +1,140 @@
+// backend/cuda: STRATA_CUDA_PROFILE=1 times every op with CUDA events (each op waited for, graphs
+// off) and prints a table of where the GPU time went when the backend closes: per op, and per
+// weight type and shape for the matrix products.
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+typedef struct prof_entry {
+    char key[96];
+    int64_t calls;
+    double ms;
+} prof_entry;
+
+#define PROF_MAX 512
+static prof_entry prof[PROF_MAX];
+static int n_prof;
+static const st_backend_ops *inner; // the real ops
+static cudaEvent_t ev0, ev1;
+
+static void prof_add(const char *key, double ms) {
+    int i = 0;
+    while (i < n_prof && strcmp(prof[i].key, key)) i++;
+    if (i == n_prof) {
+        if (n_prof == PROF_MAX) return;
+        snprintf(prof[n_prof++].key, sizeof prof[0].key, "%s", key);
+    }
+    prof[i].calls++;
+    prof[i].ms += ms;
+}
+
+static const char *rows_class(int n) { return n == 1 ? "n=1" : n <= ST_CUDA_GRAPH_ROWS ? "n<=16" : "n>16"; }
+
+#define TIMED(b, key, call)                                                                          \
+    do {                                                                                             \
+        cudaStream_t s_ = st_cuda_of(b)->stream;                                                     \
+        cudaEventRecord(ev0, s_);                                                                    \
+        call;                                                                                        \
+        cudaEventRecord(ev1, s_);                                                                    \
+        float ms_ = 0;                                                                               \
+        if (cudaEventSynchronize(ev1) == cudaSuccess && cudaEventElapsedTime(&ms_, ev0, ev1) == cudaSuccess) \
+            prof_add(key, ms_);                                                                      \
+    } while (0)
+
+static void p_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
+    char key[96];
+    snprintf(key, sizeof key, "matmul %s %lldx%lld %s", st_type_name(w->type), (long long)w->rows,
+             (long long)w->cols, rows_class(n));
+    TIMED(b, key, inner->matmul(b, w, x, n, y));
+}
+static void p_moe(st_backend *b, const st_moe_args *a) {
+    char key[96];
+    snprintf(key, sizeof key, "moe %s/%s %s", st_type_name(a->gate->type), st_type_name(a->down->type),
+             rows_class(a->n));
+    TIMED(b, key, inner->moe(b, a));
+}
+static void p_attention(st_backend *b, const st_attn_args *a) {
+    char key[96];
+    snprintf(key, sizeof key, "attention %s", rows_class(a->n));
+    TIMED(b, key, inner->attention(b, a));
+}
+static void p_gdn(st_backend *b, const st_gdn_args *a) {
+    char key[96];
+    snprintf(key, sizeof key, "gdn step %s", rows_class(a->n));
+    TIMED(b, key, inner->gdn(b, a));
+}
+static void p_gdn_chunked(st_backend *b, const st_gdn_args *a) {
+    char key[96];
+    snprintf(key, sizeof key, "gdn chunked %s", rows_class(a->n));
+    TIMED(b, key, inner->gdn_chunked(b, a));
+}
+static void p_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) { TIMED(b, "get_rows", inner->get_rows(b, w, ids, n, y)); }
+static void p_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) { TIMED(b, "rmsnorm", inner->rmsnorm(b, x, w, y, n, d, eps)); }
+static void p_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) { TIMED(b, "l2norm", inner->l2norm(b, x, n, d, eps, scale)); }
+static void p_rope(st_backend *b, float *x, int n, int h, int hd, int nr, const int32_t *pos, float base) { TIMED(b, "rope", inner->rope(b, x, n, h, hd, nr, pos, base)); }
+static void p_conv(st_backend *b, const st_conv_args *a) { TIMED(b, "conv", inner->conv(b, a)); }
+static void p_add(st_backend *b, float *y, const float *x, int64_t n) { TIMED(b, "add", inner->add(b, y, x, n)); }
+static void p_swiglu(st_backend *b, const float *g, const float *u, float *y, int64_t n) { TIMED(b, "swiglu", inner->swiglu(b, g, u, y, n)); }
+static void p_mul_sigmoid(st_backend *b, float *y, const float *g, int64_t n) { TIMED(b, "mul_sigmoid", inner->mul_sigmoid(b, y, g, n)); }
+static void p_mul_silu(st_backend *b, float *y, const float *g, int64_t n) { TIMED(b, "mul_silu", inner->mul_silu(b, y, g, n)); }
+static void p_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d) { TIMED(b, "add_gated_rows", inner->add_gated_rows(b, y, x, g, n, d)); }
+static void p_gdn_gates(st_backend *b, const float *ba, const float *a, const float *dt, float *beta, float *g, int n, int hk, int hv) { TIMED(b, "gdn_gates", inner->gdn_gates(b, ba, a, dt, beta, g, n, hk, hv)); }
+static void p_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int h, int a, int bd) { TIMED(b, "split_heads", inner->split_heads(b, x, ya, yb, n, h, a, bd)); }
+static void p_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t xf, float *y, int64_t ldy, int64_t yf, int n, int64_t w) { TIMED(b, "copy_cols", inner->copy_cols(b, x, ldx, xf, y, ldy, yf, n, w)); }
+static void p_copy(st_backend *b, float *d, const float *s, int64_t n) { TIMED(b, "copy", inner->copy(b, d, s, n)); }
+static void p_moe_route(st_backend *b, const float *l, int n, int E, int k, int32_t *ids, float *w) { TIMED(b, "moe_route", inner->moe_route(b, l, n, E, k, ids, w)); }
+static void p_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) { TIMED(b, "argmax", inner->argmax(b, x, n, d, ids)); }
+
+static int by_time(const void *a, const void *b) {
+    double x = ((const prof_entry *)a)->ms, y = ((const prof_entry *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void st_cuda_profile_report(void) {
+    if (!inner || !n_prof) return;
+    double total = 0;
+    for (int i = 0; i < n_prof; i++) total += prof[i].ms;
+    qsort(prof, (size_t)n_prof, sizeof prof[0], by_time);
+    fprintf(stderr, "\nGPU time per op (STRATA_CUDA_PROFILE; each op timed alone, graphs off): %.1f ms in all\n", total);
+    fprintf(stderr, "%-48s %9s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+    for (int i = 0; i < n_prof; i++)
+        fprintf(stderr, "%-48s %9lld %11.3f %9.2f %5.1f%%\n", prof[i].key, (long long)prof[i].calls, prof[i].ms,
+                1000.0 * prof[i].ms / (double)prof[i].calls, 100.0 * prof[i].ms / total);
+    n_prof = 0;
+}
+
+const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real) {
+    static st_backend_ops ops;
+    inner = real;
+    if (!ev0) {
+        cudaEventCreate(&ev0);
+        cudaEventCreate(&ev1);
+    }
+    ops = *real;
+    ops.name = "cuda";
+    ops.matmul = p_matmul;
+    ops.moe = p_moe;
+    ops.attention = p_attention;
+    ops.gdn = p_gdn;
+    ops.gdn_chunked = p_gdn_chunked;
+    ops.get_rows = p_get_rows;
+    ops.rmsnorm = p_rmsnorm;
+    ops.l2norm = p_l2norm;
+    ops.rope = p_rope;
+    ops.conv = p_conv;
+    ops.add = p_add;
+    ops.swiglu = p_swiglu;
+    ops.mul_sigmoid = p_mul_sigmoid;
+    ops.mul_silu = p_mul_silu;
+    ops.add_gated_rows = p_add_gated_rows;
+    ops.gdn_gates = p_gdn_gates;
+    ops.split_heads = p_split_heads;
+    ops.copy_cols = p_copy_cols;
+    ops.copy = p_copy;
+    ops.moe_route = p_moe_route;
+    ops.argmax = p_argmax;
+    return &ops;
+}
