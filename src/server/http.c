@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "server/server.h"
@@ -30,7 +31,8 @@ struct st_server {
     char *model_path;
     st_sched *sched;
     struct MHD_Daemon *daemon;
-    double t_start;
+    double t_start;           // monotonic, for the uptime
+    time_t started;           // wall clock, for /v1/models' "created"
     volatile bool draining, stopping;
     pthread_mutex_t mu;       // the counters below
     uint64_t requests, errors;
@@ -339,7 +341,7 @@ static enum MHD_Result generate(st_server *s, struct MHD_Connection *c, conn_ctx
 
 static json_t *model_entry(st_server *s) {
     return json_pack("{s:s,s:s,s:I,s:s,s:{s:s,s:i,s:i,s:I}}", "id", s->model_id, "object", "model", "created",
-                     (json_int_t)s->t_start, "owned_by", "strata", "meta", "arch", s->info.arch, "n_ctx_train",
+                     (json_int_t)s->started, "owned_by", "strata", "meta", "arch", s->info.arch, "n_ctx_train",
                      s->info.n_ctx_train, "n_vocab", s->info.n_vocab, "size", (json_int_t)s->info.file_bytes);
 }
 
@@ -609,6 +611,7 @@ st_status st_server_start(const st_server_config *c, strata_model *m, const char
     if (!st) {
         // The uptime counts from when requests can come.
         s->t_start = st_time_s();
+        s->started = time(NULL);
         s->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                                          MHD_USE_ERROR_LOG,
                                      0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
