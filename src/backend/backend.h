@@ -136,6 +136,13 @@ typedef struct st_backend_ops {
     void (*get_rows)(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
     // y (n, d) = x / sqrt(mean(x²) + eps) · w per row; w (d) or NULL for no scale
     void (*rmsnorm)(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
+    // The residual add and the norm after it: x (n, d) += y, then xn = rmsnorm(x) · w.
+    void (*add_rmsnorm)(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
+                        float eps);
+    // Per head of x (n, n_head, head_dim), in place: rmsnorm with w (head_dim), then rope as below
+    // (Qwen3's q and k norms followed by the rotary embedding).
+    void (*norm_rope)(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
+                      const int32_t *pos, float base, float eps);
     // x (n, d) /= max(||x||, eps) per row, then *= scale
     void (*l2norm)(st_backend *b, float *x, int n, int d, float eps, float scale);
     // NeoX rotary embedding in place on x (n, n_head, head_dim), row i at position pos[i]:

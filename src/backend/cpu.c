@@ -71,6 +71,21 @@ static void cpu_rmsnorm(st_backend *b, const float *x, const float *w, float *y,
     }
 }
 
+static void cpu_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
+                            float eps) {
+    for (size_t i = 0; i < (size_t)n * d; i++) x[i] += y[i];
+    cpu_rmsnorm(b, x, w, xn, n, d, eps);
+}
+
+static void cpu_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
+                     const int32_t *pos, float base);
+
+static void cpu_norm_rope(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
+                          const int32_t *pos, float base, float eps) {
+    cpu_rmsnorm(b, x, w, x, n * n_head, head_dim, eps);
+    cpu_rope(b, x, n, n_head, head_dim, n_rot, pos, base);
+}
+
 static void cpu_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) {
     (void)b;
     for (int i = 0; i < n; i++) {
@@ -551,6 +566,8 @@ static const st_backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .l2norm = cpu_l2norm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .norm_rope = cpu_norm_rope,
     .rope = cpu_rope,
     .attention = cpu_attention,
     .conv = cpu_conv,

@@ -205,10 +205,8 @@ static void attention(st_state *s, int il, const st_layer *l, int n, int pos0) {
     }
     OP(matmul, &l->wk, s->xn, n, s->k);
     OP(matmul, &l->wv, s->xn, n, s->v);
-    OP(rmsnorm, s->q, l->q_norm, s->q, n * H, hd, hp->eps);
-    OP(rmsnorm, s->k, l->k_norm, s->k, n * Hkv, hd, hp->eps);
-    OP(rope, s->q, n, H, hd, hp->n_rot, s->pos_ids, hp->rope_base);
-    OP(rope, s->k, n, Hkv, hd, hp->n_rot, s->pos_ids, hp->rope_base);
+    OP(norm_rope, s->q, l->q_norm, n, H, hd, hp->n_rot, s->pos_ids, hp->rope_base, hp->eps);
+    OP(norm_rope, s->k, l->k_norm, n, Hkv, hd, hp->n_rot, s->pos_ids, hp->rope_base, hp->eps);
     st_attn_args a = {.kv = &s->kv[il], .pos_dev = s->kv_pos, .q = s->q, .k = s->k, .v = s->v, .out = s->att,
                       .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd)};
     OP(attention, &a);
@@ -277,17 +275,17 @@ static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     return ST_OK;
 }
 
-// One decoder layer on s->x (n rows, attention cache rows from pos0), in place.
-static st_status layer(st_state *s, int il, int n, int pos0) {
+// One decoder layer on s->x (n rows, attention cache rows from pos0), in place. s->xn holds the
+// layer's normed input on entry, and next_norm(x) on return (each residual add is fused with the
+// norm that follows it: the next layer's input norm, or the output norm).
+static st_status layer(st_state *s, int il, int n, int pos0, const float *next_norm) {
     const st_hparams *hp = &s->m->hp;
     const st_layer *l = &s->m->layers[il];
-    OP(rmsnorm, s->x, l->attn_norm, s->xn, n, hp->n_embd, hp->eps);
     if (l->recurrent) deltanet(s, il, l, n);
     else attention(s, il, l, n, pos0);
-    OP(add, s->x, s->y, (int64_t)n * hp->n_embd);
-    OP(rmsnorm, s->x, l->ffn_norm, s->xn, n, hp->n_embd, hp->eps);
+    OP(add_rmsnorm, s->x, s->y, l->ffn_norm, s->xn, n, hp->n_embd, hp->eps);
     ST_TRY(moe(s, il, l, n));
-    OP(add, s->x, s->y, (int64_t)n * hp->n_embd);
+    OP(add_rmsnorm, s->x, s->y, next_norm, s->xn, n, hp->n_embd, hp->eps);
     return ST_OK;
 }
 
@@ -344,9 +342,11 @@ static st_status forward_work(void *ctx) {
     fwd_work *w = ctx;
     st_state *s = w->s;
     const st_hparams *hp = &s->m->hp;
+    const st_layer *L = s->m->layers;
     OP(get_rows, &s->m->tok_embd, s->tok_ids, w->n, s->x);
-    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, w->n, w->pos0));
-    OP(rmsnorm, s->x, s->m->output_norm, s->xn, w->n, hp->n_embd, hp->eps);
+    OP(rmsnorm, s->x, L[0].attn_norm, s->xn, w->n, hp->n_embd, hp->eps);
+    for (int il = 0; il < hp->n_layer; il++)
+        ST_TRY(layer(s, il, w->n, w->pos0, il + 1 < hp->n_layer ? L[il + 1].attn_norm : s->m->output_norm));
     if (w->head_first >= 0) head_logits(s, w->head_first, w->n, s->logits);
     return ST_OK;
 }
@@ -413,8 +413,8 @@ st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hid
     OP(copy_cols, s->y, E, 0, s->big, 2 * E, 0, n, E);
     OP(copy_cols, s->xn, E, 0, s->big, 2 * E, E, n, E);
     OP(matmul, &l->mtp_eh, s->big, n, s->x);
-    ST_TRY(layer(s, hp->n_layer, n, pos));
-    OP(rmsnorm, s->x, l->mtp_head_norm, s->xn, n, E, hp->eps);
+    OP(rmsnorm, s->x, l->attn_norm, s->xn, n, E, hp->eps);
+    ST_TRY(layer(s, hp->n_layer, n, pos, l->mtp_head_norm));
     head(s, n, out, false);
     ST_TRY(s->b->ops->sync(s->b));
     s->mtp_pos = pos + n;
