@@ -149,6 +149,63 @@ static void test_rope(void **st) {
         }
 }
 
+// The residual add fused with the next norm: x and xn both compared, with an unaligned case
+// (an odd width and an offset row start) for the scalar path.
+static void test_add_rmsnorm(void **st) {
+    (void)st;
+    const int dims[] = {100, 2048, 2050, 4096, 5};
+    for (int di = 0; di < 5; di++)
+        for (int ri = 0; ri < NROWS; ri++)
+            for (int with_w = 0; with_w < 2; with_w++) {
+                int n = ROWS[ri], d = dims[di];
+                size_t sz = (size_t)n * d;
+                float *x = rand_buf(sz, -3, 3), *y = rand_buf(sz, -3, 3), *w = rand_buf(d, 0.5f, 1.5f),
+                      *xn = malloc(sizeof(float) * sz), *xg = malloc(sizeof(float) * sz),
+                      *xng = malloc(sizeof(float) * sz);
+                float *dx = dev_put(x, sizeof(float) * sz), *dy = dev_put(y, sizeof(float) * sz),
+                      *dw = dev_put(w, sizeof(float) * d), *dxn = dev_put(NULL, sizeof(float) * sz);
+                cpu->ops->add_rmsnorm(cpu, x, y, with_w ? w : NULL, xn, n, d, 1e-6f);
+                gpu->ops->add_rmsnorm(gpu, dx, dy, with_w ? dw : NULL, dxn, n, d, 1e-6f);
+                dev_get(xg, dx, sizeof(float) * sz);
+                dev_get(xng, dxn, sizeof(float) * sz);
+                char what[96];
+                snprintf(what, sizeof what, "add_rmsnorm x n=%d d=%d w=%d", n, d, with_w);
+                check(what, x, xg, sz, 0, 0);
+                snprintf(what, sizeof what, "add_rmsnorm xn n=%d d=%d w=%d", n, d, with_w);
+                check(what, xn, xng, sz, 1e-6, 2e-6);
+                dev_free(dx), dev_free(dy), dev_free(dw), dev_free(dxn);
+                free(x), free(y), free(w), free(xn), free(xg), free(xng);
+            }
+}
+
+// Per-head norm then rope, in place, against the CPU's (rmsnorm then rope).
+static void test_norm_rope(void **st) {
+    (void)st;
+    struct { int heads, hd, n_rot; float base; } cfg[] = {{32, 128, 128, 1e6f}, {4, 128, 128, 1e6f},
+                                                          {16, 256, 64, 1e7f}, {3, 96, 32, 10000.0f},
+                                                          {9, 64, 64, 10000.0f}};
+    for (int ci = 0; ci < 5; ci++)
+        for (int ri = 0; ri < NROWS; ri++)
+            for (int with_w = 0; with_w < 2; with_w++) {
+                int n = ROWS[ri], H = cfg[ci].heads, hd = cfg[ci].hd;
+                size_t sz = (size_t)n * H * hd;
+                float *x = rand_buf(sz, -2, 2), *xg = malloc(sizeof(float) * sz), *w = rand_buf(hd, 0.5f, 1.5f);
+                int32_t *pos = malloc(sizeof(int32_t) * n);
+                int start = (int)(rnd() * 40000);
+                for (int i = 0; i < n; i++) pos[i] = i % 7 == 3 ? (int)(rnd() * 100000) : start + i;
+                float *dx = dev_put(x, sizeof(float) * sz), *dw = dev_put(w, sizeof(float) * hd);
+                int32_t *dp = dev_put(pos, sizeof(int32_t) * n);
+                cpu->ops->norm_rope(cpu, x, with_w ? w : NULL, n, H, hd, cfg[ci].n_rot, pos, cfg[ci].base, 1e-6f);
+                gpu->ops->norm_rope(gpu, dx, with_w ? dw : NULL, n, H, hd, cfg[ci].n_rot, dp, cfg[ci].base, 1e-6f);
+                dev_get(xg, dx, sizeof(float) * sz);
+                char what[112];
+                snprintf(what, sizeof what, "norm_rope n=%d heads=%d head_dim=%d n_rot=%d w=%d", n, H, hd, cfg[ci].n_rot,
+                         with_w);
+                check(what, x, xg, sz, 4e-6, 4e-6);
+                dev_free(dx), dev_free(dw), dev_free(dp), free(x), free(xg), free(w), free(pos);
+            }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Conv (state carried over two calls) and the element-wise ops
 
@@ -654,7 +711,8 @@ int main(int argc, char **argv) {
     } else {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_l2norm),
-            cmocka_unit_test(test_rope),          cmocka_unit_test(test_conv),
+            cmocka_unit_test(test_rope),          cmocka_unit_test(test_add_rmsnorm),
+            cmocka_unit_test(test_norm_rope),     cmocka_unit_test(test_conv),
             cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gated_rows_and_gates),
             cmocka_unit_test(test_copies),        cmocka_unit_test(test_moe_route),
             cmocka_unit_test(test_argmax),        cmocka_unit_test(test_attention),

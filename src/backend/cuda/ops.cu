@@ -95,6 +95,58 @@ void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, in
     ST_CU_LAUNCHED(c, "rmsnorm");
 }
 
+// The residual add fused with the norm after it: one block per row. Pass 1 writes x + y back
+// to x and sums squares; pass 2 rereads the row each thread itself wrote (L1/L2-resident), so
+// xn may alias x. 16-byte accesses when the row allows them (d % 4 == 0, aligned pointers).
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *xn, int d, float eps,
+                                   bool vec4) {
+    size_t off = (size_t)blockIdx.x * d;
+    float *xr = x + off, *nr = xn + off;
+    const float *yr = y + off;
+    float ss = 0;
+    if (vec4) {
+        float4 *x4 = (float4 *)xr;
+        const float4 *y4 = (const float4 *)yr;
+        for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
+            float4 a = x4[j], c = y4[j];
+            a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+            x4[j] = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            float a = xr[j] + yr[j];
+            xr[j] = a;
+            ss += a * a;
+        }
+    }
+    ss = block_sum(ss);
+    float s = 1.0f / sqrtf(ss / d + eps);
+    if (vec4) {
+        const float4 *x4 = (const float4 *)xr, *w4 = (const float4 *)w;
+        float4 *n4 = (float4 *)nr;
+        for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
+            float4 a = x4[j], g = w ? w4[j] : make_float4(1, 1, 1, 1);
+            n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) nr[j] = xr[j] * s * (w ? w[j] : 1.0f);
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+void st_cuda_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
+                         float eps) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    bool vec4 = (d & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(xn) && (!w || aligned16(w));
+    // 128 threads: a 2048-wide row is 4 float4 per thread; fewer warps make the reduction short.
+    int threads = d >= 4096 ? 256 : 128;
+    add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(x, y, w, xn, d, eps, vec4);
+    ST_CU_LAUNCHED(c, "add_rmsnorm");
+}
+
 __global__ void l2norm_kernel(float *x, int n, int d, float eps, float scale) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return;
@@ -143,6 +195,65 @@ void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int 
     if (n <= 0 || n_rot < 2) return;
     rope_kernel<<<n, 128, sizeof(float) * (size_t)n_rot, c->stream>>>(x, n_head, head_dim, n_rot, pos, base);
     ST_CU_LAUNCHED(c, "rope");
+}
+
+// Per-head rmsnorm then rope (Qwen3's q / k norms), one kernel: block (row i, group of heads),
+// a warp per head. The head goes to shared memory, is normalized there (the same float
+// rounding as rmsnorm writing x, then rope reading it), then rotated with the row's angles,
+// computed in double as rope_kernel does.
+#define NORM_ROPE_WARPS 8
+
+__global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_dim, int n_rot, const int32_t *pos,
+                                 float base, float eps) {
+    extern __shared__ float sm[]; // (n_rot/2) cos, (n_rot/2) sin, then (warps, head_dim) heads
+    int i = blockIdx.x, half = n_rot / 2, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    float *cs = sm, *hs = sm + 2 * half + wp * head_dim;
+    double p = (double)pos[i];
+    for (int k = threadIdx.x; k < half; k += blockDim.x) {
+        double sn, cn;
+        sincos(p * pow((double)base, -2.0 * k / n_rot), &sn, &cn);
+        cs[k] = (float)cn;
+        cs[half + k] = (float)sn;
+    }
+    __syncthreads();
+    int h = blockIdx.y * NORM_ROPE_WARPS + wp;
+    if (h >= n_head) return;
+    float *xh = x + ((size_t)i * n_head + h) * head_dim;
+    float ss = 0;
+    for (int j = lane; j < head_dim; j += 32) {
+        float v = xh[j];
+        hs[j] = v;
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / head_dim + eps);
+    for (int j = lane; j < head_dim; j += 32) hs[j] = hs[j] * s * (w ? w[j] : 1.0f);
+    __syncwarp();
+    for (int k = lane; k < half; k += 32) {
+        float c = cs[k], sn = cs[half + k], x0 = hs[k], x1 = hs[k + half];
+        xh[k] = x0 * c - x1 * sn;
+        xh[k + half] = x1 * c + x0 * sn;
+    }
+    for (int j = n_rot + lane; j < head_dim; j += 32) xh[j] = hs[j];
+}
+
+void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
+                       const int32_t *pos, float base, float eps) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || n_head <= 0 || head_dim <= 0) return;
+    if (n_rot < 2) { // nothing to rotate: the norm alone
+        st_cuda_rmsnorm(b, x, w, x, n * n_head, head_dim, eps);
+        return;
+    }
+    int groups = (n_head + NORM_ROPE_WARPS - 1) / NORM_ROPE_WARPS;
+    int warps = n_head < NORM_ROPE_WARPS ? n_head : NORM_ROPE_WARPS;
+    size_t smem = sizeof(float) * ((size_t)2 * (n_rot / 2) + (size_t)warps * head_dim);
+    if (smem > 48 * 1024) {
+        st_cuda_fail_msg(c, __FILE__, __LINE__, "norm_rope: head_dim %d too large", head_dim);
+        return;
+    }
+    norm_rope_kernel<<<dim3(n, groups), 32 * warps, smem, c->stream>>>(x, w, n_head, head_dim, n_rot, pos, base, eps);
+    ST_CU_LAUNCHED(c, "norm_rope");
 }
 
 // ---------------------------------------------------------------------------------------------
