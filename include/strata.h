@@ -43,6 +43,15 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
 void strata_model_close(strata_model *m);
 strata_model_info strata_model_get_info(const strata_model *m);
 
+// The GPUs the model runs on (none on the CPU) and their memory now: returns how many were
+// written (at most max). For monitors (the server's /status).
+typedef struct strata_gpu_stats {
+    int index;
+    char name[256];
+    uint64_t vram_used, vram_total;  // bytes, the whole card (all processes)
+} strata_gpu_stats;
+int strata_model_gpu_stats(const strata_model *m, strata_gpu_stats *out, int max);
+
 typedef enum strata_kv_type { STRATA_KV_F16, STRATA_KV_Q8_0 } strata_kv_type;
 
 typedef struct strata_session_params {

@@ -32,7 +32,7 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
 }
 
 static void print_gpu(const st_gpu_info *g, bool verbose) {
-    printf("GPU %d: %s, %.0f GB VRAM - %s\n", g->index, g->name, g->vram_total / 1e9,
+    printf("GPU %d: %s, %.0f GB VRAM - %s\n", g->index, g->name, g->vram_total / 1073741824.0,
            g->usable ? "can be used" : g->why);
     if (!verbose) return;
     printf("  VRAM: %.1f GiB total, %.1f GiB free; compute capability %d.%d; %d multiprocessors at %d MHz",

@@ -132,6 +132,19 @@ strata_model_info strata_model_get_info(const strata_model *m) {
     };
 }
 
+int strata_model_gpu_stats(const strata_model *m, strata_gpu_stats *out, int max) {
+    if (m->gpu < 0 || max < 1) return 0;
+    st_gpu_info gpus[16];
+    int n = 0;
+    if (st_cuda_devices(gpus, 16, &n, NULL, 0) || m->gpu >= n) return 0;
+    const st_gpu_info *g = &gpus[m->gpu];
+    out[0].index = g->index;
+    snprintf(out[0].name, sizeof out[0].name, "%s", g->name);
+    out[0].vram_total = g->vram_total;
+    out[0].vram_used = g->vram_total > g->vram_free ? g->vram_total - g->vram_free : 0;
+    return 1;
+}
+
 strata_status strata_session_open(strata_model *m, const strata_session_params *p, strata_session **out) {
     *out = NULL;
     const st_hparams *hp = &m->model->hp;

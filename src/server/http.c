@@ -359,8 +359,15 @@ static json_t *status_json(st_server *s) {
     uint64_t total = s->requests, errors = s->errors;
     int active = s->active;
     pthread_mutex_unlock(&s->mu);
+    json_t *gpus = json_array();
+    strata_gpu_stats gs[8];
+    int n_gpu = strata_model_gpu_stats(s->m, gs, 8);
+    for (int i = 0; i < n_gpu; i++)
+        json_array_append_new(gpus, json_pack("{s:i,s:s,s:I,s:I}", "index", gs[i].index, "name", gs[i].name,
+                                              "vram_used_bytes", (json_int_t)gs[i].vram_used, "vram_total_bytes",
+                                              (json_int_t)gs[i].vram_total));
     return json_pack("{s:s,s:s,s:i,s:i,s:f,s:o,s:{s:i,s:i},s:{s:I,s:i,s:I},s:{s:I,s:I},s:{s:f,s:f},s:{s:I,s:I},"
-                     "s:n,s:{s:f,s:I,s:I,s:I,s:[]}}",
+                     "s:n,s:{s:f,s:I,s:I,s:I,s:o}}",
                      "model", s->model_id, "backend", s->info.backend ? s->info.backend : "cpu", "ctx", ss.ctx, "parallel", ss.parallel, "uptime_s",
                      st_time_s() - s->t_start, "slots", sl, "queue", "depth", ss.queue_depth, "limit", ss.queue_limit,
                      "requests", "total", (json_int_t)total, "active", active, "errors", (json_int_t)errors, "tokens",
@@ -368,7 +375,7 @@ static json_t *status_json(st_server *s) {
                      "prompt_tps", ss.prompt_tps, "decode_tps", ss.decode_tps, "prompt_cache", "hits",
                      (json_int_t)ss.cache_hits, "misses", (json_int_t)ss.cache_misses, "expert_cache", "system",
                      "cpu_percent", sys.cpu_percent, "ram_used_bytes", (json_int_t)sys.ram_used, "ram_total_bytes",
-                     (json_int_t)sys.ram_total, "process_rss_bytes", (json_int_t)sys.rss, "gpus");
+                     (json_int_t)sys.ram_total, "process_rss_bytes", (json_int_t)sys.rss, "gpus", gpus);
 }
 
 static json_t *props_json(st_server *s) {
