@@ -337,53 +337,6 @@ strata_sampling strata_sampling_default(void) {
                              .repeat_penalty = 1.0f, .penalty_last_n = 64, .seed = 0};
 }
 
-// Text held back while it could still become a stop string.
-typedef struct stop_filter {
-    const char *const *stop;
-    int n_stop;
-    char *buf;
-    size_t len, cap;
-} stop_filter;
-
-// Appends text; returns how many bytes at the front are final. *hit is set when a stop string
-// completed: then only the text before it is final and generation ends.
-static st_status stop_push(stop_filter *f, const char *text, size_t len, size_t *final, bool *hit) {
-    if (f->len + len + 1 > f->cap) {
-        size_t cap = (f->len + len + 1) * 2;
-        char *nb = realloc(f->buf, cap);
-        if (!nb) return st_fail(ST_ERR_NOMEM, "generation: out of memory");
-        f->buf = nb, f->cap = cap;
-    }
-    memcpy(f->buf + f->len, text, len);
-    f->len += len;
-    f->buf[f->len] = 0;
-    *hit = false;
-    size_t keep_from = f->len; // bytes from here on might start a stop string
-    for (int i = 0; i < f->n_stop; i++) {
-        const char *st = f->stop[i];
-        size_t sl = strlen(st);
-        if (!sl) continue;
-        const char *at = memmem(f->buf, f->len, st, sl);
-        if (at) {
-            *hit = true;
-            *final = (size_t)(at - f->buf);
-            return ST_OK;
-        }
-        for (size_t k = sl - 1; k > 0; k--) // longest suffix of buf that is a prefix of st
-            if (k <= f->len && !memcmp(f->buf + f->len - k, st, k)) {
-                if (f->len - k < keep_from) keep_from = f->len - k;
-                break;
-            }
-    }
-    *final = keep_from;
-    return ST_OK;
-}
-
-static void stop_consume(stop_filter *f, size_t n) {
-    memmove(f->buf, f->buf + n, f->len - n);
-    f->len -= n;
-}
-
 // Feeds tokens and leaves the last row's logits in `logits` and / or its greedy token in *best
 // (either may be NULL; with logits NULL a GPU sends back only the token).
 static st_status feed(strata_session *s, const int32_t *tokens, int n, float *logits, int32_t *best) {
@@ -401,91 +354,18 @@ strata_status strata_session_eval_argmax(strata_session *s, const int32_t *token
     return feed(s, tokens, n, NULL, best);
 }
 
-// Plain greedy decoding: the token is the argmax of the raw logits (no penalty changes them),
-// which a GPU picks itself.
-static bool plain_greedy(const strata_sampling *p) {
-    return p->temperature <= 0 && p->repeat_penalty == 1 &&
-           p->presence_penalty == 0 && p->frequency_penalty == 0;
-}
-
+// The whole generation as one call: the step-wise loop of step.c run to the end.
 strata_status strata_generate(strata_session *s, const int32_t *prompt, int n_prompt,
                               const strata_generate_params *p, strata_text_fn on_text, void *ctx,
                               strata_generate_stats *stats) {
-    strata_model *m = s->m;
     memset(stats, 0, sizeof *stats);
-    ST_TRY(need_tokenizer(m));
-    if (n_prompt < 1) return st_fail(ST_ERR_ARG, "the prompt is empty");
-    int V = m->model->hp.n_vocab, room = s->n_ctx - st_state_pos(s->state);
-    if (n_prompt >= room)
-        return st_fail(ST_ERR_RANGE, "the prompt (%d tokens) does not fit the context (%d positions free of %d)",
-                       n_prompt, room, s->n_ctx);
-    int max_new = p->max_tokens > 0 && p->max_tokens < room - n_prompt ? p->max_tokens : room - n_prompt;
-    st_sampler *smp = NULL;
-    ST_TRY(st_sampler_create(&p->sampling, V, &smp));
-    float *logits = st_alloc(sizeof(float) * V);
-    int32_t *hist = st_alloc(sizeof(int32_t) * (size_t)(n_prompt + max_new + 1));
-    st_detok_stream *ds = st_detok_stream_create(m->tok, true);
-    stop_filter sf = {.stop = p->stop, .n_stop = p->n_stop};
-    st_status st = logits && hist && ds ? ST_OK : st_fail(ST_ERR_NOMEM, "generation: out of memory");
-    if (!st) memcpy(hist, prompt, sizeof(int32_t) * n_prompt);
-    double t0 = st_time_s();
-    // On a GPU, plain greedy decoding reads back one token id per step instead of the logits.
-    bool dev_greedy = plain_greedy(&p->sampling) && !m->backend->ops->host_memory;
-    int32_t best = 0;
-    if (!st) st = feed(s, prompt, n_prompt, dev_greedy ? NULL : logits, dev_greedy ? &best : NULL);
-    stats->n_prompt = n_prompt;
-    stats->prompt_s = st_time_s() - t0;
-    t0 = st_time_s();
-    int n_hist = n_prompt;
-    stats->stop_reason = "length";
-    while (!st && stats->n_generated < max_new) {
-        int32_t tok = dev_greedy ? best : st_sampler_sample(smp, logits, hist, n_hist);
-        if (st_token_is_eog(m->tok, tok)) {
-            stats->stop_reason = "eog";
-            break;
-        }
-        hist[n_hist++] = tok;
-        stats->n_generated++;
-        const char *text;
-        size_t len, final;
-        bool hit, go_on = true;
-        st = st_detok_stream_push(ds, tok, &text, &len);
-        if (!st) st = stop_push(&sf, text, len, &final, &hit);
-        if (st) break;
-        if (final) go_on = on_text(ctx, sf.buf, final);
-        stop_consume(&sf, final);
-        if (hit) {
-            stats->stop_reason = "stop";
-            sf.len = 0;
-            break;
-        }
-        if (!go_on) {
-            stats->stop_reason = "callback";
-            break;
-        }
-        if (stats->n_generated == max_new) { // the limit asked for, or the end of the context
-            stats->stop_reason = p->max_tokens > 0 && max_new == p->max_tokens ? "length" : "context";
-            break;
-        }
-        st = feed(s, &tok, 1, dev_greedy ? NULL : logits, dev_greedy ? &best : NULL);
-    }
-    if (!st && strcmp(stats->stop_reason, "stop") && strcmp(stats->stop_reason, "callback")) {
-        const char *text; // what the stream and the stop filter still hold is final now
-        size_t len;
-        st = st_detok_stream_flush(ds, &text, &len);
-        if (!st && len) {
-            size_t final;
-            bool hit;
-            st = stop_push(&sf, text, len, &final, &hit);
-            if (!st && hit) sf.len = final;
-        }
-        if (!st && sf.len) on_text(ctx, sf.buf, sf.len);
-    }
-    stats->generate_s = st_time_s() - t0;
-    free(sf.buf);
-    st_detok_stream_free(ds);
-    st_free(hist);
-    st_free(logits);
-    st_sampler_free(smp);
+    strata_step_params sp = {.gen = *p, .prompt_chunk = s->n_batch};
+    strata_step *g;
+    ST_TRY(strata_step_begin(s, prompt, n_prompt, &sp, &g));
+    bool done = false;
+    st_status st = ST_OK;
+    while (!done && !(st = strata_step_next(g, on_text, ctx, &done))) {}
+    strata_step_stats(g, stats);
+    strata_step_free(g);
     return st;
 }

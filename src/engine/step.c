@@ -20,6 +20,8 @@ struct strata_step {
     int max_new;            // tokens that may be generated (the limit or the room left)
     int max_tokens;         // as asked (<= 0: none)
     float *logits;          // (n_vocab) the last position's
+    bool dev_greedy;        // plain greedy on a GPU: the device picks the token (best), no logits
+    int32_t best;
     int32_t *hist;          // (n_hist + max_new) the session's tokens then the generated ones
     int n_hist;
     char **stop;            // (n_stop) copies
@@ -100,6 +102,11 @@ strata_status strata_step_begin(strata_session *s, const int32_t *prompt, int n_
     g->n_prompt = n_prompt;
     g->stats.n_prompt = n_prompt;
     g->stats.stop_reason = "length";
+    // Plain greedy decoding (no penalty changes the logits) takes the argmax, which a GPU picks
+    // itself: only the token id crosses PCIe.
+    const strata_sampling *sm = &p->gen.sampling;
+    g->dev_greedy = sm->temperature <= 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
+                    sm->frequency_penalty == 0 && strata_model_get_info(m).gpu >= 0;
     st_status st = st_sampler_create(&p->gen.sampling, g->n_vocab, &g->smp);
     const int32_t *held;
     int n_held = strata_session_tokens(s, &held);
@@ -133,6 +140,11 @@ int strata_step_prompt_read(const strata_step *g) { return g->n_read; }
 
 void strata_step_stats(const strata_step *g, strata_generate_stats *stats) { *stats = g->stats; }
 
+// Feeds one token: the next one's logits, or (dev_greedy) just its greedy choice.
+static st_status eval_next(strata_step *g, const int32_t *tok) {
+    return g->dev_greedy ? strata_session_eval_argmax(g->s, tok, 1, &g->best) : strata_session_eval(g->s, tok, 1, g->logits);
+}
+
 // Reads the next prompt chunk. Only the last position's logits are needed: the final chunk's
 // last token goes through alone, so no (rows, n_vocab) buffer is ever made.
 static st_status read_chunk(strata_step *g) {
@@ -144,7 +156,7 @@ static st_status read_chunk(strata_step *g) {
     if (!last) ST_TRY(strata_session_eval(g->s, t, n, NULL));
     else {
         if (n > 1) ST_TRY(strata_session_eval(g->s, t, n - 1, NULL));
-        ST_TRY(strata_session_eval(g->s, t + n - 1, 1, g->logits));
+        ST_TRY(eval_next(g, t + n - 1));
     }
     g->n_read += n;
     if (last) {
@@ -176,7 +188,7 @@ static st_status finish(strata_step *g, strata_text_fn on_text, void *ctx) {
 
 // Samples one token, hands its final text on, and feeds it unless generation ends there.
 static st_status next_token(strata_step *g, strata_text_fn on_text, void *ctx) {
-    int32_t tok = st_sampler_sample(g->smp, g->logits, g->hist, g->n_hist);
+    int32_t tok = g->dev_greedy ? g->best : st_sampler_sample(g->smp, g->logits, g->hist, g->n_hist);
     if (st_token_is_eog(g->tok, tok)) {
         g->stats.stop_reason = "eog";
         return finish(g, on_text, ctx);
@@ -204,7 +216,7 @@ static st_status next_token(strata_step *g, strata_text_fn on_text, void *ctx) {
         g->stats.stop_reason = g->max_tokens > 0 && g->max_new == g->max_tokens ? "length" : "context";
         return finish(g, on_text, ctx);
     }
-    return strata_session_eval(g->s, &tok, 1, g->logits);
+    return eval_next(g, &tok);
 }
 
 strata_status strata_step_next(strata_step *g, strata_text_fn on_text, void *ctx, bool *done) {
