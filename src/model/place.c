@@ -2,6 +2,7 @@
 // mapping is used in place); on a GPU every tensor the model uses is copied once, planned first.
 
 #include <string.h>
+#include <unistd.h>
 
 #include "model/model.h"
 
@@ -66,8 +67,39 @@ static const st_layer *layer_of_vec(const st_model *m, const void *p) {
     return NULL;
 }
 
+// Progress of the copy: a bar redrawn in place on a terminal, a log line every few seconds
+// otherwise (a log file or a service manager).
+typedef struct progress {
+    bool tty;
+    double t0, last;
+    size_t total;
+} progress;
+
+static void progress_show(progress *p, size_t done, const char *what, bool final) {
+    double now = st_time_s(), dt = now - p->t0;
+    if (!final && now - p->last < (p->tty ? 0.1 : 3.0)) return;
+    p->last = now;
+    double gbs = dt > 0 ? done / 1e9 / dt : 0;
+    if (p->tty) {
+        int width = 30, fill = p->total ? (int)((double)done / p->total * width) : width;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = 0;
+        fprintf(stderr, "\rstrata: weights to the GPU [%s] %5.1f / %.1f GiB %5.1f GB/s %-28.28s%s", bar,
+                done / 1073741824.0, p->total / 1073741824.0, gbs, final ? "" : what, final ? "\n" : "");
+        fflush(stderr);
+    } else if (!final) {
+        st_log_info("weights to the GPU: %.1f of %.1f GiB (%.1f GB/s), now %s", done / 1073741824.0,
+                    p->total / 1073741824.0, gbs, what);
+    }
+}
+
 st_status st_model_place(st_model *m, st_backend *b) {
-    if (b->ops->host_memory) return ST_OK;
+    if (b->ops->host_memory) {
+        st_log_info("weights: %.2f GiB used in place from the file's mapping (%s backend)",
+                    st_gguf_file_bytes(m->gguf) / 1073741824.0, b->ops->name);
+        return ST_OK;
+    }
     if (m->placed) return st_fail(ST_ERR_ARG, "the model is already placed on a backend");
     weight_refs *r = st_calloc(1, sizeof *r);
     if (!r) return ST_ERR_NOMEM;
@@ -94,7 +126,8 @@ st_status st_model_place(st_model *m, st_backend *b) {
     // Upload, remembering host -> device for every pointer so views map to their copies.
     const void **host = st_calloc((size_t)r->n, sizeof *host);
     if (!s && !host) s = ST_ERR_NOMEM;
-    double t0 = st_time_s(), last = t0;
+    double t0 = st_time_s();
+    progress prog = {.tty = isatty(2), .t0 = t0, .last = t0, .total = total};
     size_t done = 0;
     for (int i = 0; i < r->n && !s; i++) {
         const void *p = *r->ptr[i];
@@ -117,12 +150,7 @@ st_status st_model_place(st_model *m, st_backend *b) {
             }
             m->dev[n_up++] = dev;
             done += bytes;
-            double now = st_time_s();
-            if (now - last > 2.0) {
-                st_log_info("weights to the GPU: %.1f of %.1f GiB (%.1f GB/s)", done / 1073741824.0,
-                            total / 1073741824.0, done / 1e9 / (now - t0));
-                last = now;
-            }
+            progress_show(&prog, done, t ? t->name : "norm vectors", false);
         }
         *r->ptr[i] = dev + ((const char *)p - base);
     }
@@ -139,6 +167,7 @@ st_status st_model_place(st_model *m, st_backend *b) {
         // Every routed expert is in backend memory: slot e of layer l is expert e.
         for (int l = 0; l < m->placement->n_layer; l++)
             for (int e = 0; e < m->placement->n_expert; e++) m->placement->slot[(size_t)l * m->placement->n_expert + e] = e;
+        if (prog.tty) progress_show(&prog, done, "", true);
         double dt = st_time_s() - t0;
         st_log_info("weights on the GPU: %.2f GiB in %d tensors, %.1f s (%.1f GB/s)", done / 1073741824.0, n_up, dt,
                     dt > 0 ? done / 1e9 / dt : 0.0);
