@@ -81,6 +81,10 @@ bool st_cuda_type_supported(st_type t);  // matmul / get_rows / moe handle this 
 // ops.cu: element-wise, norms, rope, router, argmax, conv
 void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
 void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale);
+void st_cuda_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
+                         float eps);
+void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
+                       const int32_t *pos, float base, float eps);
 void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
                   const int32_t *pos, float base);
 void st_cuda_conv(st_backend *b, const st_conv_args *a);
