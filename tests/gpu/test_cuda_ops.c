@@ -592,22 +592,79 @@ static double time_op(bench_fn fn, void *ctx) {
     }
 }
 
+// Seconds per call inside a CUDA graph: GRAPH_REPS calls recorded once (through the backend's
+// run, which records a window on its second run), the recording replayed until ~0.2 s. Shows a
+// kernel's latency without the host's launch cost, as decode steps see it.
+#define GRAPH_REPS 100
+typedef struct graph_ctx {
+    bench_fn fn;
+    void *ctx;
+} graph_ctx;
+static st_status graph_body(void *ctx) {
+    graph_ctx *g = ctx;
+    for (int i = 0; i < GRAPH_REPS; i++) g->fn(g->ctx);
+    return ST_OK;
+}
+static double time_graph(bench_fn fn, void *ctx) {
+    graph_ctx g = {fn, ctx};
+    void *slot = NULL;
+    for (int i = 0; i < 3; i++) // eager, recorded, replayed
+        if (gpu->ops->run(gpu, &slot, graph_body, &g) != ST_OK) fail_msg("graph run failed: %s", st_error());
+    gpu_sync("graph warm-up");
+    int reps = 1;
+    double per = 0;
+    for (;;) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) gpu->ops->run(gpu, &slot, graph_body, &g);
+        gpu_sync("graph bench");
+        double t = now_s() - t0;
+        if (t > 0.2 || reps >= (1 << 16)) {
+            per = t / reps / GRAPH_REPS;
+            break;
+        }
+        reps *= t < 0.02 ? 10 : 2;
+    }
+    gpu->ops->graph_free(gpu, slot);
+    return per;
+}
+
 static void attn_fn(void *ctx) { gpu->ops->attention(gpu, ctx); }
 static void gdn_fn(void *ctx) { gpu->ops->gdn(gpu, ctx); }
 static void gdn_chunked_fn(void *ctx) { gpu->ops->gdn_chunked(gpu, ctx); }
 
 typedef struct small_ctx {
-    float *x, *w;
-    int32_t *pos;
-    int n, d, heads;
+    float *x, *y, *xn, *w;
+    int32_t *pos, *ids;
+    float *weights;
+    int n, d, heads, k;
 } small_ctx;
 static void rmsnorm_fn(void *ctx) {
     small_ctx *s = ctx;
-    gpu->ops->rmsnorm(gpu, s->x, s->w, s->x, s->n, s->d, 1e-6f);
+    gpu->ops->rmsnorm(gpu, s->x, s->w, s->xn, s->n, s->d, 1e-6f);
+}
+static void add_rmsnorm_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->add_rmsnorm(gpu, s->x, s->y, s->w, s->xn, s->n, s->d, 1e-6f);
+}
+static void add_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->add(gpu, s->x, s->y, (int64_t)s->n * s->d);
 }
 static void rope_fn(void *ctx) {
     small_ctx *s = ctx;
     gpu->ops->rope(gpu, s->x, s->n, s->heads, s->d, s->d, s->pos, 1e6f);
+}
+static void norm_rope_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->norm_rope(gpu, s->x, s->w, s->n, s->heads, s->d, s->d, s->pos, 1e6f, 1e-6f);
+}
+static void moe_route_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->moe_route(gpu, s->x, s->n, s->d, s->k, s->ids, s->weights);
+}
+static void argmax_fn(void *ctx) {
+    small_ctx *s = ctx;
+    gpu->ops->argmax(gpu, s->x, s->n, s->d, s->ids);
 }
 
 static void *dev_rand(size_t n, float lo, float hi) {
@@ -617,8 +674,56 @@ static void *dev_rand(size_t n, float lo, float hi) {
     return d;
 }
 
+// One line per op: the time per call launched one by one (host launch included, as without
+// graphs) and inside a graph (the kernel's latency as a decode step sees it).
+static void bench_small(const char *name, bench_fn fn, small_ctx *s) {
+    double eager = time_op(fn, s), graph = time_graph(fn, s);
+    printf("%-48s %9.2f us %8.2f us in a graph\n", name, eager * 1e6, graph * 1e6);
+}
+
 static int bench(void) {
     printf("%-48s %12s %s\n", "op", "time", "rate");
+
+    // Tiny-op latency at decode sizes (Qwen3-30B-A3B: d 2048, 32 / 4 heads of 128, 128 experts).
+    {
+        int V = 151936;
+        small_ctx s = {.x = dev_rand((size_t)V * 16, -1, 1), .y = dev_rand(2048 * 16, -1, 1),
+                       .xn = dev_put(NULL, sizeof(float) * 2048 * 16), .w = dev_rand(2048, 0.5f, 1.5f),
+                       .ids = dev_put(NULL, sizeof(int32_t) * 16 * 8), .weights = dev_put(NULL, sizeof(float) * 16 * 8)};
+        int32_t p[16];
+        for (int i = 0; i < 16; i++) p[i] = 1234 + i;
+        s.pos = dev_put(p, sizeof p);
+        for (int n = 1; n <= 16; n *= 16) {
+            char name[96];
+            s.n = n, s.d = 2048;
+            snprintf(name, sizeof name, "rmsnorm n=%d d=2048", n);
+            bench_small(name, rmsnorm_fn, &s);
+            snprintf(name, sizeof name, "add_rmsnorm n=%d d=2048", n);
+            bench_small(name, add_rmsnorm_fn, &s);
+            snprintf(name, sizeof name, "add n=%d d=2048", n);
+            bench_small(name, add_fn, &s);
+            s.d = 128, s.heads = 32;
+            snprintf(name, sizeof name, "rope n=%d 32 heads x 128", n);
+            bench_small(name, rope_fn, &s);
+            snprintf(name, sizeof name, "norm_rope n=%d 32 heads x 128", n);
+            bench_small(name, norm_rope_fn, &s);
+            s.heads = 4;
+            snprintf(name, sizeof name, "norm_rope n=%d 4 heads x 128", n);
+            bench_small(name, norm_rope_fn, &s);
+            s.d = 128, s.k = 8;
+            snprintf(name, sizeof name, "moe_route n=%d 128 experts top 8", n);
+            bench_small(name, moe_route_fn, &s);
+            s.d = 512, s.k = 10;
+            snprintf(name, sizeof name, "moe_route n=%d 512 experts top 10", n);
+            bench_small(name, moe_route_fn, &s);
+            s.d = V;
+            snprintf(name, sizeof name, "argmax n=%d d=%d", n, V);
+            bench_small(name, argmax_fn, &s);
+        }
+        dev_free(s.x), dev_free(s.y), dev_free(s.xn), dev_free(s.w), dev_free(s.ids), dev_free(s.weights);
+        dev_free(s.pos);
+    }
+
     // Attention, Qwen3-30B-A3B shape: 32 query heads, 4 kv heads, head_dim 128, f16 cache.
     int H = 32, Hkv = 4, D = 128, n_ctx = 32768 + 16;
     st_kv_layer kv = {.type = ST_KV_F16, .n_ctx = n_ctx, .n_head_kv = Hkv, .head_dim = D,
@@ -639,21 +744,24 @@ static int bench(void) {
             gpu->ops->from_host(gpu, dpos, &p0, sizeof p0);
             st_attn_args a = {.kv = &kv, .pos_dev = dpos, .q = q, .k = k, .v = v, .out = out, .n = n, .pos0 = p0,
                               .n_head = H, .scale = 0.088f};
-            double t = time_op(attn_fn, &a);
-            double gbs = 2.0 * kv.row_bytes * ctxs[i] / t / 1e9;
+            double t = time_op(attn_fn, &a), tg = time_graph(attn_fn, &a);
+            double gbs = 2.0 * kv.row_bytes * ctxs[i] / tg / 1e9;
             char name[96];
             snprintf(name, sizeof name, "attention decode ctx %d n=%d (30B shape)", ctxs[i], n);
-            printf("%-48s %9.1f us %8.0f GB/s of KV\n", name, t * 1e6, gbs);
+            printf("%-48s %9.1f us %8.1f us in a graph, %5.0f GB/s of KV\n", name, t * 1e6, tg * 1e6, gbs);
         }
     }
-    {
-        int32_t p0 = 0;
+    for (int pi = 0; pi < 2; pi++) { // a 2048-row prompt chunk from 0, and one late in the context
+        int32_t p0 = pi ? 8192 : 0;
         gpu->ops->from_host(gpu, dpos, &p0, sizeof p0);
-        st_attn_args a = {.kv = &kv, .pos_dev = dpos, .q = q, .k = k, .v = v, .out = out, .n = nmax, .pos0 = 0,
+        st_attn_args a = {.kv = &kv, .pos_dev = dpos, .q = q, .k = k, .v = v, .out = out, .n = nmax, .pos0 = p0,
                           .n_head = H, .scale = 0.088f};
         double t = time_op(attn_fn, &a);
-        double flops = 4.0 * H * D * ((double)nmax * (nmax + 1) / 2);
-        printf("%-48s %9.1f us %8.0f GFLOPS\n", "attention prompt 2048 (30B shape)", t * 1e6, flops / t / 1e9);
+        // Causal: query row i sees p0 + i + 1 positions; QK and PV 2 flops per multiply-add each.
+        double flops = 4.0 * H * D * ((double)nmax * p0 + (double)nmax * (nmax + 1) / 2);
+        char name[96];
+        snprintf(name, sizeof name, "attention prompt 2048 at pos %d (30B shape)", p0);
+        printf("%-48s %9.1f us %8.1f TFLOPS\n", name, t * 1e6, flops / t / 1e12);
     }
     dev_free(kv.k), dev_free(kv.v), dev_free(q), dev_free(k), dev_free(v), dev_free(out), dev_free(dpos);
 
@@ -663,28 +771,25 @@ static int bench(void) {
           *gv = dev_rand((size_t)nmax * hv * d, -1, 1), *gb = dev_rand((size_t)nmax * hv, 0.1f, 0.9f),
           *gg = dev_rand((size_t)nmax * hv, -1, -0.01f), *gs = dev_rand((size_t)hv * d * d, -0.1f, 0.1f),
           *go = dev_put(NULL, sizeof(float) * nmax * hv * d);
-    const int gn[] = {1, 16, 2048};
-    for (int i = 0; i < 3; i++) {
+    const int gn[] = {1, 16, 64, 2048};
+    for (int i = 0; i < 4; i++) {
         st_gdn_args a = {.q = gq, .k = gk, .v = gv, .beta = gb, .g = gg, .state = gs, .out = go, .n = gn[i], .h_k = hk,
                          .h_v = hv, .d = d};
-        double t = time_op(gdn_fn, &a);
         char name[96];
+        double t = time_op(gdn_fn, &a);
         snprintf(name, sizeof name, "gdn step n=%d (Next shape)", gn[i]);
-        printf("%-48s %9.1f us %8.2f us/row\n", name, t * 1e6, t * 1e6 / gn[i]);
+        if (gn[i] <= 16) {
+            double tg = time_graph(gdn_fn, &a);
+            printf("%-48s %9.1f us %8.2f us in a graph\n", name, t * 1e6, tg * 1e6);
+        } else {
+            printf("%-48s %9.1f us %8.2f us/row\n", name, t * 1e6, t * 1e6 / gn[i]);
+        }
+        if (gn[i] < 32) continue;
         t = time_op(gdn_chunked_fn, &a);
         snprintf(name, sizeof name, "gdn chunked n=%d (Next shape)", gn[i]);
         printf("%-48s %9.1f us %8.2f us/row\n", name, t * 1e6, t * 1e6 / gn[i]);
     }
     dev_free(gq), dev_free(gk), dev_free(gv), dev_free(gb), dev_free(gg), dev_free(gs), dev_free(go);
-
-    // Tiny-op latency (a launch each; inside a graph the launch overhead mostly goes away).
-    small_ctx s = {.x = dev_rand(2048 * 32, -1, 1), .w = dev_rand(2048, 0.5f, 1.5f), .n = 1, .d = 2048};
-    int32_t p = 1234;
-    s.pos = dev_put(&p, sizeof p);
-    printf("%-48s %9.1f us\n", "rmsnorm n=1 d=2048", time_op(rmsnorm_fn, &s) * 1e6);
-    s.d = 128, s.heads = 32;
-    printf("%-48s %9.1f us\n", "rope n=1 32 heads x 128", time_op(rope_fn, &s) * 1e6);
-    dev_free(s.x), dev_free(s.w), dev_free(s.pos);
     return 0;
 }
 

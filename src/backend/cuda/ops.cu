@@ -5,7 +5,11 @@
 #include <float.h>
 #include <math.h>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/cuda_common.cuh"
+
+namespace cg = cooperative_groups;
 
 // ---------------------------------------------------------------------------------------------
 // Reductions
@@ -76,47 +80,34 @@ __global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, in
     for (int j = lane; j < d; j += 32) yr[j] = xr[j] * s * (w ? w[j] : 1.0f);
 }
 
-// One block per row (model-width rows; also the only way to use the GPU on a single row).
-__global__ void rmsnorm_block_kernel(const float *x, const float *w, float *y, int d, float eps) {
-    const float *xr = x + (size_t)blockIdx.x * d;
-    float ss = 0;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
-    ss = block_sum(ss);
-    float s = 1.0f / sqrtf(ss / d + eps);
-    float *yr = y + (size_t)blockIdx.x * d;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = xr[j] * s * (w ? w[j] : 1.0f);
-}
-
-void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) {
-    st_cuda *c = st_cuda_of(b);
-    if (n <= 0 || d <= 0) return;
-    if (d < 1024) rmsnorm_warp_kernel<<<(n + 7) / 8, 256, 0, c->stream>>>(x, w, y, n, d, eps);
-    else rmsnorm_block_kernel<<<n, 256, 0, c->stream>>>(x, w, y, d, eps);
-    ST_CU_LAUNCHED(c, "rmsnorm");
-}
-
-// The residual add fused with the norm after it: one block per row. Pass 1 writes x + y back
-// to x and sums squares; pass 2 rereads the row each thread itself wrote (L1/L2-resident), so
-// xn may alias x. 16-byte accesses when the row allows them (d % 4 == 0, aligned pointers).
-__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *xn, int d, float eps,
+// One block per row (model-width rows), optionally with the residual add before it (y != NULL:
+// x += y is written back, then normalized). Pass 1 sums squares (writing x + y back); pass 2
+// rereads the row each thread itself touched (L1/L2-resident), so out may alias x. 16-byte
+// accesses when the row allows them (d % 4 == 0, aligned pointers). 128 threads: a 2048-wide
+// row is 4 float4 per thread, and fewer warps keep the block reduction short.
+__global__ void rmsnorm_row_kernel(float *x, const float *y, const float *w, float *out, int d, float eps,
                                    bool vec4) {
     size_t off = (size_t)blockIdx.x * d;
-    float *xr = x + off, *nr = xn + off;
-    const float *yr = y + off;
+    float *xr = x + off, *nr = out + off;
+    const float *yr = y ? y + off : NULL;
     float ss = 0;
     if (vec4) {
         float4 *x4 = (float4 *)xr;
         const float4 *y4 = (const float4 *)yr;
+#pragma unroll 4
         for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
-            float4 a = x4[j], c = y4[j];
-            a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
-            x4[j] = a;
+            float4 a = x4[j];
+            if (y4) {
+                float4 c = y4[j];
+                a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                x4[j] = a;
+            }
             ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
     } else {
         for (int j = threadIdx.x; j < d; j += blockDim.x) {
-            float a = xr[j] + yr[j];
-            xr[j] = a;
+            float a = xr[j];
+            if (yr) a += yr[j], xr[j] = a;
             ss += a * a;
         }
     }
@@ -125,6 +116,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, flo
     if (vec4) {
         const float4 *x4 = (const float4 *)xr, *w4 = (const float4 *)w;
         float4 *n4 = (float4 *)nr;
+#pragma unroll 4
         for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
             float4 a = x4[j], g = w ? w4[j] : make_float4(1, 1, 1, 1);
             n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
@@ -136,14 +128,26 @@ __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, flo
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+static void rmsnorm_rows(st_cuda *c, float *x, const float *y, const float *w, float *out, int n, int d, float eps) {
+    bool vec4 = (d & 3) == 0 && aligned16(x) && (!y || aligned16(y)) && aligned16(out) && (!w || aligned16(w));
+    int threads = d >= 4096 ? 256 : 128;
+    rmsnorm_row_kernel<<<n, threads, 0, c->stream>>>(x, y, w, out, d, eps, vec4);
+}
+
+void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    // Short rows (head-sized norms over many rows): a warp each. x is only read below (no y).
+    if (d < 1024) rmsnorm_warp_kernel<<<(n + 7) / 8, 256, 0, c->stream>>>(x, w, y, n, d, eps);
+    else rmsnorm_rows(c, (float *)x, NULL, w, y, n, d, eps);
+    ST_CU_LAUNCHED(c, "rmsnorm");
+}
+
 void st_cuda_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
                          float eps) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || d <= 0) return;
-    bool vec4 = (d & 3) == 0 && aligned16(x) && aligned16(y) && aligned16(xn) && (!w || aligned16(w));
-    // 128 threads: a 2048-wide row is 4 float4 per thread; fewer warps make the reduction short.
-    int threads = d >= 4096 ? 256 : 128;
-    add_rmsnorm_kernel<<<n, threads, 0, c->stream>>>(x, y, w, xn, d, eps, vec4);
+    rmsnorm_rows(c, x, y, w, xn, n, d, eps);
     ST_CU_LAUNCHED(c, "add_rmsnorm");
 }
 
@@ -166,21 +170,26 @@ void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scal
 }
 
 // ---------------------------------------------------------------------------------------------
-// RoPE: one block per row. The angles are computed in double as the CPU does (positions reach
-// tens of thousands of radians, where float angles would be off by 1e-3), once per row into
-// shared memory, then applied to every head.
-__global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const int32_t *pos, float base) {
+// RoPE: block (row i, group of heads), a thread per rotated pair. The angles are computed in
+// double as the CPU does (positions reach tens of thousands of radians, where float angles would
+// be off by 1e-3), once per block into shared memory. Several heads per block so a decode row
+// spreads over a few blocks instead of looping in one.
+#define ROPE_THREADS 256
+
+__global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const int32_t *pos, float base, int hpb) {
     extern __shared__ float cs[]; // (half) cos, then (half) sin
     int i = blockIdx.x, half = n_rot / 2;
     double p = (double)pos[i];
     for (int k = threadIdx.x; k < half; k += blockDim.x) {
-        double theta = p * pow((double)base, -2.0 * k / n_rot);
-        cs[k] = (float)cos(theta);
-        cs[half + k] = (float)sin(theta);
+        double sn, cn;
+        sincos(p * pow((double)base, -2.0 * k / n_rot), &sn, &cn);
+        cs[k] = (float)cn;
+        cs[half + k] = (float)sn;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
-        int h = e / half, k = e % half;
+    int h0 = blockIdx.y * hpb, nh = min(n_head - h0, hpb);
+    for (int e = threadIdx.x; e < nh * half; e += blockDim.x) {
+        int h = h0 + e / half, k = e % half;
         float *xh = x + ((size_t)i * n_head + h) * head_dim;
         float c = cs[k], s = cs[half + k];
         float x0 = xh[k], x1 = xh[k + half];
@@ -192,8 +201,11 @@ __global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const
 void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
                   const int32_t *pos, float base) {
     st_cuda *c = st_cuda_of(b);
-    if (n <= 0 || n_rot < 2) return;
-    rope_kernel<<<n, 128, sizeof(float) * (size_t)n_rot, c->stream>>>(x, n_head, head_dim, n_rot, pos, base);
+    if (n <= 0 || n_head <= 0 || n_rot < 2) return;
+    int half = n_rot / 2, hpb = half >= ROPE_THREADS ? 1 : ROPE_THREADS / half;
+    dim3 grid((unsigned)n, (unsigned)((n_head + hpb - 1) / hpb));
+    rope_kernel<<<grid, ROPE_THREADS, sizeof(float) * 2 * (size_t)half, c->stream>>>(x, n_head, head_dim, n_rot, pos,
+                                                                                     base, hpb);
     ST_CU_LAUNCHED(c, "rope");
 }
 
@@ -427,48 +439,78 @@ void st_cuda_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t x_fro
 }
 
 // ---------------------------------------------------------------------------------------------
-// Router: one warp per row, the logits in shared memory. The softmax sum is in double as on the
-// CPU; top-k is k rounds of a warp argmax over the experts not yet taken (ties: lower id, as
-// the CPU's selection keeps the first maximum), and the weights are renormalized over the k.
-#define ROUTE_MAX_K 64 // the chosen weights live in registers until renormalized
+// Router: one warp per row, the row's logits in registers (expert e = 32 j + lane in slot j).
+// The softmax sum is in double as on the CPU. Top-k is k rounds of a warp argmax over each
+// lane's best expert not yet taken (ties: lower id, as the CPU's selection keeps the first
+// maximum); only the lane that lost its best rescans its slots. Choice r lives in lane r % 32
+// (slot r / 32) until the k weights are renormalized, in the CPU's order of operations.
+#define ROUTE_MAX_K 64   // two choice slots per lane
+#define ROUTE_MAX_E 1024 // 32 logits per lane in registers
+#define ROUTE_WARPS 4    // rows per block
 
-__global__ void moe_route_kernel(const float *logits, int E, int k, int32_t *ids, float *weights) {
-    extern __shared__ float sl[]; // (E) logits, then (E) taken flags as bytes
-    unsigned char *taken = (unsigned char *)(sl + E);
-    int i = blockIdx.x, lane = threadIdx.x;
-    const float *l = logits + (size_t)i * E;
+template <int EPL>
+__global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_kernel(const float *logits, int n, int E, int k,
+                                                                     int32_t *ids, float *weights) {
+    int row = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n) return; // the whole warp leaves
+    const float *l = logits + (size_t)row * E;
+    float v[EPL];
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) {
-        float v = l[e];
-        sl[e] = v;
-        taken[e] = 0;
-        mx = fmaxf(mx, v);
+#pragma unroll
+    for (int j = 0; j < EPL; j++) {
+        int e = 32 * j + lane;
+        v[j] = e < E ? l[e] : -INFINITY;
+        mx = fmaxf(mx, v[j]);
     }
     mx = warp_max(mx);
     double sum = 0;
-    for (int e = lane; e < E; e += 32) sum += exp((double)sl[e] - mx);
+#pragma unroll
+    for (int j = 0; j < EPL; j++)
+        if (32 * j + lane < E) sum += exp((double)v[j] - mx);
     sum = warp_sum_d(sum);
-    __syncwarp();
-    float w[ROUTE_MAX_K];
-    int32_t id[ROUTE_MAX_K];
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = -1;
-        for (int e = lane; e < E; e += 32)
-            if (!taken[e]) argmax_merge(bv, bi, sl[e], e);
+
+    unsigned taken = 0; // bit j: slot j already chosen
+    float lbv = -INFINITY;
+    int lbi = -1;
+    auto rescan = [&]() {
+        lbv = -INFINITY, lbi = -1;
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            if (32 * j + lane < E && !(taken >> j & 1)) argmax_merge(lbv, lbi, v[j], 32 * j + lane);
+    };
+    rescan();
+    float cv[2] = {0.0f, 0.0f}; // the logits of this lane's choices
+    int ci[2] = {0, 0};
+    for (int r = 0; r < k; r++) {
+        float bv = lbv;
+        int bi = lbi;
         warp_argmax(bv, bi);
-        id[j] = bi;
-        w[j] = (float)(exp((double)sl[bi] - mx) / sum);
-        if (lane == 0) taken[bi] = 1;
-        __syncwarp();
+        if (lane == (r & 31)) { // (constant slot indices keep cv, ci in registers)
+            if (r < 32) cv[0] = bv, ci[0] = bi;
+            else cv[1] = bv, ci[1] = bi;
+        }
+        if (bi >= 0 && (bi & 31) == lane) {
+            taken |= 1u << (bi >> 5);
+            rescan();
+        }
     }
-    if (lane == 0) {
-        double wsum = 0;
-        for (int j = 0; j < k; j++) wsum += w[j];
-        if (wsum < 6.1e-5) wsum = 6.1e-5; // llama.cpp's clamp, as on the CPU
-        for (int j = 0; j < k; j++) {
-            ids[(size_t)i * k + j] = id[j];
-            weights[(size_t)i * k + j] = (float)(w[j] / wsum);
+    // w_r = e^{l_r − max} / sum as a float, then renormalized by their sum in double.
+    float w[2];
+    double ws = 0;
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        bool mine = 32 * s + lane < k;
+        w[s] = mine ? (float)(exp((double)cv[s] - mx) / sum) : 0.0f;
+        ws += w[s];
+    }
+    ws = warp_sum_d(ws);
+    if (ws < 6.1e-5) ws = 6.1e-5; // llama.cpp's clamp, as on the CPU
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        int r = 32 * s + lane;
+        if (r < k) {
+            ids[(size_t)row * k + r] = ci[s];
+            weights[(size_t)row * k + r] = (float)(w[s] / ws);
         }
     }
 }
@@ -477,29 +519,41 @@ void st_cuda_moe_route(st_backend *b, const float *logits, int n, int n_expert, 
                        float *weights) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0) return;
-    size_t smem = (size_t)n_expert * (sizeof(float) + 1);
-    if (k < 1 || k > ROUTE_MAX_K || k > n_expert || smem > 48 * 1024) {
+    if (k < 1 || k > ROUTE_MAX_K || k > n_expert || n_expert > ROUTE_MAX_E) {
         st_cuda_fail_msg(c, __FILE__, __LINE__, "moe_route: %d experts, top %d: unsupported (top-k at most %d, "
-                         "at most %d experts)", n_expert, k, ROUTE_MAX_K, 48 * 1024 / 5);
+                         "at most %d experts)", n_expert, k, ROUTE_MAX_K, ROUTE_MAX_E);
         return;
     }
-    moe_route_kernel<<<n, 32, smem, c->stream>>>(logits, n_expert, k, ids, weights);
+    int epl = (n_expert + 31) / 32;
+    dim3 grid((unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS)), block(32 * (n < ROUTE_WARPS ? n : ROUTE_WARPS));
+    // Slots per lane: the next power of two (a few instantiations; unused slots cost a compare).
+    if (epl <= 1) moe_route_kernel<1><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
+    else if (epl <= 2) moe_route_kernel<2><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
+    else if (epl <= 4) moe_route_kernel<4><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
+    else if (epl <= 8) moe_route_kernel<8><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
+    else if (epl <= 16) moe_route_kernel<16><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
+    else moe_route_kernel<32><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
     ST_CU_LAUNCHED(c, "moe_route");
 }
 
 // ---------------------------------------------------------------------------------------------
-// Argmax: one block of 1024 threads per row (vocabulary-sized rows), each thread scanning its
-// strided share in ascending order (so its own ties keep the first), then a block reduction
-// with ties to the lower index.
-__global__ void argmax_kernel(const float *x, int d, int32_t *ids) {
+// Argmax over vocabulary-sized rows. Each thread scans its strided share in ascending order (so
+// its own ties keep the first), then a block reduction with ties to the lower index. One block
+// of 1024 threads streams only ~100 GB/s, so on sm_90 a cluster of ARGMAX_CLUSTER blocks splits
+// the row and block 0 merges the others' results through distributed shared memory (one
+// kernel, nothing to reset between calls); older GPUs use one block per row.
+#define ARGMAX_CLUSTER 8
+
+// The best (value, index) of r[from, to) over the block (every thread of warp 0 gets it).
+// vec4: 16-byte loads (from, to multiples of 4 or to == d, r 16-byte aligned).
+__device__ void argmax_block(const float *r, int from, int to, bool vec4, float &bv, int &bi) {
     __shared__ float pv[32];
     __shared__ int pi[32];
-    const float *r = x + (size_t)blockIdx.x * d;
-    float bv = -INFINITY;
-    int bi = -1;
-    if ((d & 3) == 0 && ((uintptr_t)r & 15) == 0) { // 16-byte loads
+    bv = -INFINITY, bi = -1;
+    if (vec4) {
         const float4 *r4 = (const float4 *)r;
-        for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
+#pragma unroll 4
+        for (int j = from / 4 + threadIdx.x; j < to / 4; j += blockDim.x) {
             float4 v = r4[j];
             argmax_merge(bv, bi, v.x, 4 * j);
             argmax_merge(bv, bi, v.y, 4 * j + 1);
@@ -507,7 +561,7 @@ __global__ void argmax_kernel(const float *x, int d, int32_t *ids) {
             argmax_merge(bv, bi, v.w, 4 * j + 3);
         }
     } else {
-        for (int j = threadIdx.x; j < d; j += blockDim.x) argmax_merge(bv, bi, r[j], j);
+        for (int j = from + threadIdx.x; j < to; j += blockDim.x) argmax_merge(bv, bi, r[j], j);
     }
     warp_argmax(bv, bi);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -517,13 +571,71 @@ __global__ void argmax_kernel(const float *x, int d, int32_t *ids) {
         bv = lane < (int)(blockDim.x >> 5) ? pv[lane] : -INFINITY;
         bi = lane < (int)(blockDim.x >> 5) ? pi[lane] : -1;
         warp_argmax(bv, bi);
-        if (lane == 0) ids[blockIdx.x] = bi < 0 ? 0 : bi; // all NaN: 0, as the CPU's start
     }
+}
+
+// Row `row` whole, by one block.
+__device__ void argmax_kernel_row(const float *x, int d, int32_t *ids, bool vec4, int row) {
+    float bv;
+    int bi;
+    argmax_block(x + (size_t)row * d, 0, d, vec4, bv, bi);
+    if (threadIdx.x == 0) ids[row] = bi < 0 ? 0 : bi; // all NaN: 0, as the CPU's start
+}
+
+__global__ void __launch_bounds__(1024) argmax_kernel(const float *x, int d, int32_t *ids, bool vec4) {
+    argmax_kernel_row(x, d, ids, vec4, blockIdx.x);
+}
+
+// Grid (ARGMAX_CLUSTER, n), launched as clusters of ARGMAX_CLUSTER blocks along x.
+__global__ void __launch_bounds__(1024) argmax_cluster_kernel(const float *x, int d, int32_t *ids, bool vec4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float best_v;
+    __shared__ int best_i;
+    cg::cluster_group cl = cg::this_cluster();
+    int rank = (int)cl.block_rank();
+    // Slices of a multiple of 4 values, so each block's 16-byte loads stay whole.
+    int per = (d / 4 + ARGMAX_CLUSTER - 1) / ARGMAX_CLUSTER * 4;
+    if (!vec4) per = (d + ARGMAX_CLUSTER - 1) / ARGMAX_CLUSTER;
+    int from = min(d, rank * per), to = min(d, from + per);
+    float bv;
+    int bi;
+    argmax_block(x + (size_t)blockIdx.y * d, from, to, vec4, bv, bi);
+    if (threadIdx.x == 0) best_v = bv, best_i = bi;
+    cl.sync(); // every block's result is visible to the cluster
+    if (rank == 0 && threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        float v = -INFINITY;
+        int i = -1;
+        if (lane < ARGMAX_CLUSTER) v = *cl.map_shared_rank(&best_v, lane), i = *cl.map_shared_rank(&best_i, lane);
+        warp_argmax(v, i);
+        if (lane == 0) ids[blockIdx.y] = i < 0 ? 0 : i;
+    }
+    cl.sync(); // no block leaves (freeing its shared memory) before block 0 has read it
+#else
+    // Compiled for an older target but run on sm_90 (PTX): block 0 does the whole row.
+    if (blockIdx.x == 0) argmax_kernel_row(x, d, ids, vec4, blockIdx.y);
+#endif
 }
 
 void st_cuda_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || d <= 0) return;
-    argmax_kernel<<<n, 1024, 0, c->stream>>>(x, d, ids);
+    bool vec4 = (d & 3) == 0 && aligned16(x);
+    if (c->prop.major >= 9 && d >= 4096 && n <= 65535) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(ARGMAX_CLUSTER, (unsigned)n);
+        cfg.blockDim = dim3(1024);
+        cfg.stream = c->stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = ARGMAX_CLUSTER;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        ST_CU(c, cudaLaunchKernelEx(&cfg, argmax_cluster_kernel, x, d, ids, vec4));
+    } else {
+        argmax_kernel<<<n, 1024, 0, c->stream>>>(x, d, ids, vec4);
+    }
     ST_CU_LAUNCHED(c, "argmax");
 }
