@@ -217,6 +217,21 @@ static void matmul_case(st_type t, int64_t rows, int64_t cols, err_stats *st) {
     free(w), free(wf), free(x), free(yc), free(yg), free(amax);
 }
 
+// Dense quantized prompt matmuls through the tensor-core tile GEMM (STRATA_CUQ_DENSE_MMA=1).
+static void test_matmul_mma(void **state) {
+    (void)state;
+    setenv("STRATA_CUQ_DENSE_MMA", "1", 1);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        st_type t = ALL_TYPES[ti];
+        if (!st_type_get(t)->quantized) continue;
+        err_stats st = {0, 0, 0};
+        matmul_case(t, 129, 768, &st);
+        if (st_type_get(t)->block <= 32) matmul_case(t, 33, 96, &st);
+        printf("mma %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
+    }
+    unsetenv("STRATA_CUQ_DENSE_MMA");
+}
+
 static void test_matmul(void **state) {
     (void)state;
     printf("%-8s %12s %12s %12s\n", "type", "max abs", "max rel", "err/bound");
@@ -373,8 +388,19 @@ static void test_moe(void **state) {
         {128, 8, 17, 512, 256, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q6_K, 0.05},
         {8, 2, 20, 64, 64, ST_TYPE_F32, ST_TYPE_F32, ST_TYPE_BF16, 0.02},
         {16, 4, 9, 256, 256, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ3_S, 0.05},
+        // Prompt chunks: exact fp32 for F32 experts; f16 in place; widths that end in half a
+        // 64-column step and row counts that are not multiples of the 128-row tile.
+        {16, 4, 40, 256, 128, ST_TYPE_F32, ST_TYPE_F32, ST_TYPE_F32, 1e-4},
+        {16, 3, 40, 128, 96, ST_TYPE_F16, ST_TYPE_F16, ST_TYPE_F16, 0.01},
+        {16, 4, 33, 288, 96, ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0, 0.05},
+        {8, 2, 200, 288, 160, ST_TYPE_Q4_0, ST_TYPE_Q5_1, ST_TYPE_IQ4_NL, 0.05},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
+    // The previous prompt path (dequantize, one cuBLAS GEMM per expert), kept for A/B runs.
+    setenv("STRATA_CUQ_OLD", "1", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (cases[i].n > 16) moe_run(&cases[i]);
+    unsetenv("STRATA_CUQ_OLD");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -412,6 +438,80 @@ static void mm_fn(void *ctx) {
 }
 static void moe_fn(void *ctx) { gpu->ops->moe(gpu, ctx); }
 
+typedef struct gr_ctx {
+    st_mat w;
+    int32_t *ids;
+    float *y;
+    int n;
+} gr_ctx;
+static void gr_fn(void *ctx) {
+    gr_ctx *g = ctx;
+    gpu->ops->get_rows(gpu, &g->w, g->ids, g->n, g->y);
+}
+
+// One call's wall time, synchronized: the first call of a kernel includes loading its module
+// (CUDA loads lazily) and cuBLAS's first call its setup.
+static double once_us(bench_fn fn, void *ctx) {
+    double t0 = now_s();
+    fn(ctx);
+    gpu_sync("first call");
+    return (now_s() - t0) * 1e6;
+}
+
+static st_mat bench_weights(st_type t, int64_t rows, int64_t cols) {
+    size_t bytes = st_row_bytes(t, cols) * (size_t)rows;
+    uint8_t *w = xmalloc(bytes);
+    random_blocks(t, w, bytes);
+    st_mat m = {t, cols, rows, st_row_bytes(t, cols), gpu->ops->upload(gpu, w, bytes)};
+    free(w);
+    if (!m.data) fail_msg("upload failed: %s", st_error());
+    return m;
+}
+
+// The figures the model profile showed as slow: get_rows of the embedding, the router's f32
+// matmul and the dense q8_0 prompt matmuls. First calls are timed apart from steady state.
+static void bench_first_and_prompt(float *xd, float *yd) {
+    int nmax = 2048;
+    int32_t *ids = xmalloc(sizeof(int32_t) * nmax);
+    for (int i = 0; i < nmax; i++) ids[i] = (int32_t)(rng_u64() % 151936);
+    int32_t *idd = dev_put(ids, sizeof(int32_t) * nmax);
+    free(ids);
+    gr_ctx g = {bench_weights(ST_TYPE_Q8_0, 151936, 2048), idd, yd, 1};
+    printf("get_rows q8_0 151936x2048 n=1 first call (tables, module load) %.1f us\n", once_us(gr_fn, &g));
+    int gns[] = {1, 16, 2048};
+    for (int i = 0; i < 3; i++) {
+        g.n = gns[i];
+        double sec = time_op(gr_fn, &g);
+        double bytes = (double)g.n * (g.w.row_bytes + 4.0 * 2048);
+        printf("get_rows q8_0 151936x2048 n=%-5d %9.1f us %7.0f GB/s (rows read + floats written)\n", g.n, sec * 1e6,
+               bytes / sec / 1e9);
+    }
+    dev_free((void *)g.w.data);
+    dev_free(idd);
+
+    struct {
+        st_type t;
+        int64_t rows, cols;
+    } mm[] = {{ST_TYPE_F32, 128, 2048}, {ST_TYPE_Q8_0, 4096, 2048}, {ST_TYPE_Q8_0, 2048, 4096}, {ST_TYPE_Q8_0, 512, 2048},
+              {ST_TYPE_Q4_K, 4096, 4096}};
+    for (int i = 0; i < 5; i++) {
+        mm_ctx m = {bench_weights(mm[i].t, mm[i].rows, mm[i].cols), xd, yd, nmax};
+        double first = once_us(mm_fn, &m);
+        double sec = time_op(mm_fn, &m);
+        double fl = 2.0 * nmax * mm[i].rows * mm[i].cols;
+        printf("matmul %-5s %5lldx%-5lld n=%d: first call %9.1f us, then %9.1f us %7.1f TFLOPS", st_type_name(mm[i].t),
+               (long long)mm[i].rows, (long long)mm[i].cols, nmax, first, sec * 1e6, fl / sec / 1e12);
+        if (st_type_get(mm[i].t)->quantized) {
+            setenv("STRATA_CUQ_DENSE_MMA", "1", 1);
+            double s2 = time_op(mm_fn, &m);
+            unsetenv("STRATA_CUQ_DENSE_MMA");
+            printf("; tile GEMM (STRATA_CUQ_DENSE_MMA=1) %9.1f us %7.1f TFLOPS", s2 * 1e6, fl / s2 / 1e12);
+        }
+        printf("\n");
+        dev_free((void *)m.w.data);
+    }
+}
+
 static int bench(void) {
     static const st_type types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_K,   ST_TYPE_Q5_K,    ST_TYPE_Q6_K,
                                     ST_TYPE_IQ4_XS, ST_TYPE_IQ3_XXS, ST_TYPE_IQ3_S, ST_TYPE_IQ2_XS,
@@ -429,6 +529,7 @@ static int bench(void) {
                                   ? sizeof(float) * (size_t)151936 * 16
                                   : sizeof(float) * (size_t)nmax * 4096);
     free(x);
+    bench_first_and_prompt(xd, yd);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         st_type t = types[ti];
         printf("%-8s", st_type_name(t));
@@ -481,8 +582,8 @@ static int bench(void) {
         st_mat3 dn = stack(t, d, F, E, gpu->ops->upload(gpu, w, db));
         free(w);
         size_t per_expert = g.mat_bytes + u.mat_bytes + dn.mat_bytes;
-        static const int ns[] = {1, 4, 16, 17, 512, 2048};
-        for (int i = 0; i < 6; i++) {
+        static const int ns[] = {1, 2, 4, 8, 16, 17, 512, 2048};
+        for (int i = 0; i < 8; i++) {
             int n = ns[i];
             int32_t *ids = xmalloc(sizeof(int32_t) * n * k);
             float *wts = xmalloc(sizeof(float) * n * k);
@@ -505,6 +606,12 @@ static int bench(void) {
             double flops = 2.0 * n * k * 3.0 * d * F;
             printf("moe 30B shape q4_K n=%-5d %3d experts %9.1f us %7.0f GB/s (%4.1f%% of 4 TB/s) %7.2f TFLOPS\n", n, nu,
                    sec * 1e6, nu * per_expert / sec / 1e9, nu * per_expert / sec / 4e10, flops / sec / 1e12);
+            if (n > 16) {
+                setenv("STRATA_CUQ_OLD", "1", 1);
+                double s2 = time_op(moe_fn, &a);
+                unsetenv("STRATA_CUQ_OLD");
+                printf("    (previous path, STRATA_CUQ_OLD=1: %9.1f us %7.2f TFLOPS)\n", s2 * 1e6, flops / s2 / 1e12);
+            }
             dev_free((void *)a.ids), dev_free((void *)a.weights), dev_free(xdd), dev_free(ydd);
             free(ids), free(wts);
         }
@@ -538,6 +645,7 @@ int main(int argc, char **argv) {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_get_rows),
             cmocka_unit_test(test_matmul),
+            cmocka_unit_test(test_matmul_mma),
             cmocka_unit_test(test_moe),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);

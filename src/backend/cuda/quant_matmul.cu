@@ -4,11 +4,13 @@
 // dequantized to bf16 in pieces and cuBLAS. Unpacking of each type lives in quant_unpack.cuh.
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/quant_unpack.cuh"
+#include "backend/cuda/quant_gemm.cuh"
 
 extern "C" {
 #include "quant/iq_tables.h"
@@ -558,6 +560,27 @@ static void gemm(st_cuda *c, const void *w, cudaDataType wt, const void *x, cuda
 // ---------------------------------------------------------------------------------------------
 // matmul
 
+// The tensor-core GEMM over quantized tiles: grid (tiles, row tiles).
+static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks) {
+    if (nblocks <= 0) return;
+    dim3 grid((unsigned)nblocks, (unsigned)((g.rows + ST_GM_BM - 1) / ST_GM_BM));
+    switch (t) {
+#define CASE(T) case T: gmm_kernel<T><<<grid, ST_GM_THREADS, 0, c->stream>>>(g); break;
+        ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+    default: CUQ_FAIL(c, "gmm: weight type %s is not quantized", st_type_name(t)); return;
+    }
+    ST_CU_LAUNCHED(c, "gmm_kernel");
+}
+
+// A/B switches for the prompt paths, read at each call (prompt calls synchronize anyway):
+// STRATA_CUQ_OLD=1 dequantizes to bf16 and loops cuBLAS per expert (the previous path);
+// STRATA_CUQ_DENSE_MMA=1 sends dense quantized matmuls through the tile GEMM too.
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '1';
+}
+
 static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
     int64_t cols = w->cols, rows = w->rows;
     if (w->type == ST_TYPE_F32) {
@@ -580,11 +603,33 @@ static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, floa
         gemm(c, w->data, CUDA_R_16BF, xb, CUDA_R_16BF, y, rows, n, cols, rows);
         return;
     }
-strided: {
-    // Quantized (or padded float) weights: bf16 pieces of rows, then one GEMM per piece.
+strided:
+    if (is_float_type(w->type)) {
+        // Padded float rows: f32 pieces and exact SGEMMs.
+        int64_t piece = (int64_t)(ST_CUQ_DEQ_BYTES / (sizeof(float) * (size_t)cols));
+        piece = piece < 128 ? 128 : piece / 128 * 128;
+        if (piece > rows) piece = rows;
+        float *wf = (float *)st_cuda_scratch(c, ST_SCR_DEQ, sizeof(float) * (size_t)piece * cols);
+        if (!wf) return;
+        for (int64_t r0 = 0; r0 < rows; r0 += piece) {
+            int64_t m = rows - r0 < piece ? rows - r0 : piece;
+            st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, 0, m, r0, NULL, NULL, 0};
+            dequant_launch(c, w->type, s, m, cols, wf);
+            gemm(c, wf, CUDA_R_32F, x, CUDA_R_32F, y + r0, m, n, cols, rows);
+        }
+        return;
+    }
+    {
+    // Quantized weights: the tile GEMM (STRATA_CUQ_DENSE_MMA=1), or bf16 pieces of rows and one
+    // cuBLAS GEMM per piece.
     __nv_bfloat16 *xb = (__nv_bfloat16 *)st_cuda_scratch(c, ST_SCR_ACT, sizeof(__nv_bfloat16) * (size_t)n * cols);
     if (!xb) return;
     convert(c, x, (int64_t)n * cols, xb);
+    if (c->prop.major >= 8 && env_on("STRATA_CUQ_DENSE_MMA")) {
+        st_gmm_args g = {(const uint8_t *)w->data, w->row_bytes, 0, rows, (int)cols, xb, y, rows, NULL, n};
+        gmm_launch(c, w->type, g, (n + ST_GM_BN - 1) / ST_GM_BN);
+        return;
+    }
     int64_t piece = (int64_t)(ST_CUQ_DEQ_BYTES / (sizeof(__nv_bfloat16) * (size_t)cols));
     piece = piece < 128 ? 128 : piece / 128 * 128;
     if (piece > rows) piece = rows;
@@ -628,16 +673,54 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
 // ---------------------------------------------------------------------------------------------
 // get_rows
 
+// Grid (n ids, pieces of the row): blockIdx.x picks the id, so the work is O(n · cols) whatever
+// the table's size; each thread dequantizes one chunk of 32 (quantized) or one element (floats).
+#define ST_CUQ_GR_THREADS 128
+
+template <int T>
+__global__ void __launch_bounds__(ST_CUQ_GR_THREADS)
+    get_rows_kernel(const uint8_t *w, size_t row_bytes, int64_t nrows, const int32_t *ids, int cols, float *y) {
+    int i = blockIdx.x;
+    int c = blockIdx.y * ST_CUQ_GR_THREADS + threadIdx.x;
+    int32_t id = ids[i];
+    if constexpr (T == ST_TYPE_F32 || T == ST_TYPE_F16 || T == ST_TYPE_BF16) {
+        if (c >= cols) return;
+        y[(size_t)i * cols + c] = id >= 0 && id < nrows ? ld_wf<T>(w + (size_t)id * row_bytes, c) : 0.0f;
+    } else {
+        if (c >= cols / 32) return;
+        float *out = y + (size_t)i * cols + (size_t)c * 32;
+        if (id < 0 || id >= nrows) { // an id out of range: zeros (the CPU stops on it; a kernel cannot)
+            float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int k = 0; k < 4; k++) store8<float>(out + 8 * k, z);
+            return;
+        }
+        dequant_chunk<T, float>(w + (size_t)id * row_bytes, c, out);
+    }
+}
+
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || c->err) return;
     if (!check_mat(c, "get_rows", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return;
-    if (st_type_get(w->type)->quantized && ((uintptr_t)y & 15)) { // chunks are stored 16 bytes at a time
+    bool quant = st_type_get(w->type)->quantized;
+    if (quant && ((uintptr_t)y & 15)) { // chunks are stored 16 bytes at a time
         CUQ_FAIL(c, "get_rows: output %p not 16-byte aligned", (void *)y);
         return;
     }
-    st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, 0, 1, 0, NULL, ids, w->rows};
-    dequant_launch(c, w->type, s, n, w->cols, y);
+    int per_row = quant ? (int)(w->cols / 32) : (int)w->cols;
+    dim3 grid((unsigned)n, (unsigned)((per_row + ST_CUQ_GR_THREADS - 1) / ST_CUQ_GR_THREADS));
+    const uint8_t *wd = (const uint8_t *)w->data;
+    switch (w->type) {
+#define CASE(T)                                                                                        \
+    case T:                                                                                            \
+        get_rows_kernel<T><<<grid, ST_CUQ_GR_THREADS, 0, c->stream>>>(wd, w->row_bytes, w->rows, ids, (int)w->cols, y); \
+        break;
+        ST_CUQ_QUANT_TYPES(CASE)
+        CASE(ST_TYPE_F32) CASE(ST_TYPE_F16) CASE(ST_TYPE_BF16)
+#undef CASE
+    default: return; // check_mat refused it
+    }
+    ST_CU_LAUNCHED(c, "get_rows_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -981,44 +1064,116 @@ __global__ void moe_scatter_kernel(const int32_t *ids, int na, int n_expert, con
     }
 }
 
-// xg (na, d) bf16 = x row of each grouped assignment.
-__global__ void moe_gather_kernel(const float *x, const int *order, int na, int k, int d, __nv_bfloat16 *xg) {
+// How a prompt-chunk pass feeds its GEMM: f32 activations for F32 weights (exact SGEMM, also
+// for float weights with padded rows, dequantized to f32), f16 / bf16 for F16 / BF16 weights
+// used in place, bf16 for quantized weights.
+enum st_in_kind { ST_IN_F32, ST_IN_F16, ST_IN_BF16 };
+
+static st_in_kind pass_in(st_type t, int64_t cols, size_t row_bytes) {
+    if (t == ST_TYPE_F16 && row_bytes == 2 * (size_t)cols) return ST_IN_F16;
+    if (t == ST_TYPE_BF16 && row_bytes == 2 * (size_t)cols) return ST_IN_BF16;
+    if (is_float_type(t)) return ST_IN_F32;
+    return ST_IN_BF16;
+}
+static size_t in_size(st_in_kind k) { return k == ST_IN_F32 ? 4 : 2; }
+static cudaDataType in_cuda(st_in_kind k) {
+    return k == ST_IN_F32 ? CUDA_R_32F : k == ST_IN_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+template <typename O> __device__ __forceinline__ O to_in(float v);
+template <> __device__ __forceinline__ float to_in<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half to_in<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 to_in<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// xg (na, d) = x row of each grouped assignment, in the pass's input type.
+template <typename O>
+__global__ void moe_gather_kernel(const float *x, const int *order, int na, int k, int d, O *xg) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)na * d) return;
     int g = (int)(t / d), col = (int)(t % d);
-    xg[t] = __float2bfloat16_rn(x[(size_t)(order[g] / k) * d + col]);
+    xg[t] = to_in<O>(x[(size_t)(order[g] / k) * d + col]);
 }
 
-__global__ void silu_mul_bf16_kernel(const float *g, const float *u, int64_t n, __nv_bfloat16 *h) {
+template <typename O> __global__ void silu_mul_to_kernel(const float *g, const float *u, int64_t n, O *h) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = g[i];
-    h[i] = __float2bfloat16_rn(v / (1.0f + expf(-v)) * u[i]);
+    h[i] = to_in<O>(v / (1.0f + expf(-v)) * u[i]);
 }
 
-// out (rows of the grouped assignments, w->rows) = xin (grouped, w->cols) · W_eᵀ per used expert.
-static void moe_big_pass(st_cuda *c, const st_mat3 *w, const int *used_dev, const int *used, const int *count,
-                         const int *start, int n_used, const __nv_bfloat16 *xin, float *out) {
+static void moe_gather(st_cuda *c, st_in_kind kind, const float *x, const int *order, int valid, int k, int d,
+                       void *xg) {
+    int64_t nx = (int64_t)valid * d;
+    unsigned blocks = (unsigned)((nx + 255) / 256);
+    if (kind == ST_IN_F32) moe_gather_kernel<float><<<blocks, 256, 0, c->stream>>>(x, order, valid, k, d, (float *)xg);
+    else if (kind == ST_IN_F16) moe_gather_kernel<__half><<<blocks, 256, 0, c->stream>>>(x, order, valid, k, d, (__half *)xg);
+    else moe_gather_kernel<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(x, order, valid, k, d, (__nv_bfloat16 *)xg);
+    ST_CU_LAUNCHED(c, "moe_gather_kernel");
+}
+
+static void silu_mul_to(st_cuda *c, st_in_kind kind, const float *g, const float *u, int64_t n, void *h) {
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    if (kind == ST_IN_F32) silu_mul_to_kernel<float><<<blocks, 256, 0, c->stream>>>(g, u, n, (float *)h);
+    else if (kind == ST_IN_F16) silu_mul_to_kernel<__half><<<blocks, 256, 0, c->stream>>>(g, u, n, (__half *)h);
+    else silu_mul_to_kernel<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(g, u, n, (__nv_bfloat16 *)h);
+    ST_CU_LAUNCHED(c, "silu_mul_to_kernel");
+}
+
+static bool use_gmm(st_cuda *c) { return c->prop.major >= 8 && !env_on("STRATA_CUQ_OLD"); }
+
+#define ST_CUQ_MAX_EXPERTS 1024
+
+// The grouping a prompt chunk's passes share: per expert its count and first grouped row, the
+// used experts (host and device), and the tile list of the tensor-core GEMM (device).
+struct st_moe_groups {
+    int count[ST_CUQ_MAX_EXPERTS], start[ST_CUQ_MAX_EXPERTS + 1], used[ST_CUQ_MAX_EXPERTS];
+    int n_used;
+    const int *used_dev;
+    const int4 *tiles;
+    int ntiles;
+};
+
+// out (grouped rows, w->rows) = xin (grouped rows, w->cols) · W_eᵀ per used expert.
+static void moe_big_pass(st_cuda *c, const st_mat3 *w, const st_moe_groups *gr, bool gmm, const void *xin,
+                         float *out) {
     int64_t rows = w->rows, cols = w->cols;
-    size_t mat_b16 = sizeof(__nv_bfloat16) * (size_t)rows * cols;
-    int per = (int)(ST_CUQ_DEQ_BYTES / mat_b16);
+    st_in_kind kind = pass_in(w->type, cols, w->row_bytes);
+    size_t esz = in_size(kind);
+    cudaDataType xt = in_cuda(kind);
+    if (!is_float_type(w->type) && gmm) {
+        st_gmm_args g = {(const uint8_t *)w->data, w->row_bytes, w->mat_bytes, rows, (int)cols,
+                         (const __nv_bfloat16 *)xin, out, rows, gr->tiles, 0};
+        gmm_launch(c, w->type, g, gr->ntiles);
+        return;
+    }
+    if (is_float_type(w->type) && (size_t)cols * st_type_get(w->type)->block_bytes == w->row_bytes) {
+        // Float weights in place: one GEMM per expert with the weights' own type.
+        for (int i = 0; i < gr->n_used; i++) {
+            int e = gr->used[i];
+            gemm(c, (const char *)w->data + (size_t)e * w->mat_bytes, xt, (const char *)xin + (size_t)gr->start[e] * cols * esz,
+                 xt, out + (size_t)gr->start[e] * rows, rows, gr->count[e], cols, rows);
+        }
+        return;
+    }
+    // Dequantized copies of several experts at a time (bf16, or f32 for padded float rows).
+    size_t mat_b = esz * (size_t)rows * cols;
+    int per = (int)(ST_CUQ_DEQ_BYTES / mat_b);
     if (per < 1) per = 1;
-    if (per > n_used) per = n_used;
-    __nv_bfloat16 *wb = (__nv_bfloat16 *)st_cuda_scratch(c, ST_SCR_DEQ, mat_b16 * (size_t)per);
+    if (per > gr->n_used) per = gr->n_used;
+    void *wb = st_cuda_scratch(c, ST_SCR_DEQ, mat_b * (size_t)per);
     if (!wb) return;
-    for (int u0 = 0; u0 < n_used; u0 += per) {
-        int nb = n_used - u0 < per ? n_used - u0 : per;
-        st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, w->mat_bytes, rows, 0, used_dev + u0, NULL, 0};
-        dequant_launch(c, w->type, s, (int64_t)nb * rows, cols, wb);
+    for (int u0 = 0; u0 < gr->n_used; u0 += per) {
+        int nb = gr->n_used - u0 < per ? gr->n_used - u0 : per;
+        st_deq_src s = {(const uint8_t *)w->data, w->row_bytes, w->mat_bytes, rows, 0, gr->used_dev + u0, NULL, 0};
+        if (kind == ST_IN_F32) dequant_launch(c, w->type, s, (int64_t)nb * rows, cols, (float *)wb);
+        else dequant_launch(c, w->type, s, (int64_t)nb * rows, cols, (__nv_bfloat16 *)wb);
         for (int i = 0; i < nb; i++) {
-            int e = used[u0 + i];
-            gemm(c, wb + (size_t)i * rows * cols, CUDA_R_16BF, xin + (size_t)start[e] * cols, CUDA_R_16BF,
-                 out + (size_t)start[e] * rows, rows, count[e], cols, rows);
+            int e = gr->used[u0 + i];
+            gemm(c, (const char *)wb + (size_t)i * mat_b, xt, (const char *)xin + (size_t)gr->start[e] * cols * esz, xt,
+                 out + (size_t)gr->start[e] * rows, rows, gr->count[e], cols, rows);
         }
     }
 }
-
-#define ST_CUQ_MAX_EXPERTS 1024
 
 static void moe_big(st_cuda *c, const st_moe_args *a) {
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
@@ -1028,48 +1183,80 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
         CUQ_FAIL(c, "moe: %d experts (at most %d)", E, ST_CUQ_MAX_EXPERTS);
         return;
     }
-    // MOE: count E, start E+1, used E, order na, inv na | g (na, F) | u (na, F) | o (na, d)
+    st_in_kind kg = pass_in(gate->type, d, gate->row_bytes), ku = pass_in(up->type, d, up->row_bytes),
+               kd = pass_in(down->type, F, down->row_bytes);
+    // MOE: count E, start E+1, used E, order na, inv na | tiles (at most na / BN + E) | g (na, F)
+    // | u (na, F) | o (na, d)
+    int max_tiles = na / ST_GM_BN + E + 1;
     size_t ints_b = align256(sizeof(int) * (size_t)(3 * E + 1 + 2 * na));
+    size_t tiles_b = align256(sizeof(int4) * (size_t)max_tiles);
     size_t gf_b = align256(sizeof(float) * (size_t)na * F), o_b = align256(sizeof(float) * (size_t)na * d);
-    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, ints_b + 2 * gf_b + o_b);
-    // MOE2: xg (na, d) bf16 | hg (na, F) bf16
-    size_t xg_b = align256(sizeof(__nv_bfloat16) * (size_t)na * d);
-    char *m2 = (char *)st_cuda_scratch(c, ST_SCR_MOE2, xg_b + sizeof(__nv_bfloat16) * (size_t)na * F);
+    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, ints_b + tiles_b + 2 * gf_b + o_b);
+    // MOE2: x for gate (na, d) | x for up when its input type differs | h (na, F)
+    size_t xg_b = align256(in_size(kg) * (size_t)na * d), xu_b = ku != kg ? align256(in_size(ku) * (size_t)na * d) : 0;
+    char *m2 = (char *)st_cuda_scratch(c, ST_SCR_MOE2, xg_b + xu_b + in_size(kd) * (size_t)na * F);
     if (!m || !m2) return;
     int *count_d = (int *)m, *start_d = count_d + E, *used_d = start_d + E + 1, *order = used_d + E, *inv = order + na;
-    float *g = (float *)(m + ints_b), *u = (float *)(m + ints_b + gf_b), *o = (float *)(m + ints_b + 2 * gf_b);
-    __nv_bfloat16 *xg = (__nv_bfloat16 *)m2, *hg = (__nv_bfloat16 *)(m2 + xg_b);
+    int4 *tiles_d = (int4 *)(m + ints_b);
+    float *g = (float *)(m + ints_b + tiles_b), *u = (float *)(m + ints_b + tiles_b + gf_b);
+    float *o = (float *)(m + ints_b + tiles_b + 2 * gf_b);
+    void *xg = m2, *xu = ku != kg ? (void *)(m2 + xg_b) : xg, *h = m2 + xg_b + xu_b;
 
     ST_CU(c, cudaMemsetAsync(inv, 0xff, sizeof(int) * (size_t)na, c->stream)); // -1: dropped ids
     moe_count_kernel<<<E, 32, 0, c->stream>>>(a->ids, na, count_d);
     ST_CU_LAUNCHED(c, "moe_count_kernel");
     moe_scatter_kernel<<<E, 32, 0, c->stream>>>(a->ids, na, E, count_d, start_d, used_d, order, inv);
     ST_CU_LAUNCHED(c, "moe_scatter_kernel");
-    int count[ST_CUQ_MAX_EXPERTS], start[ST_CUQ_MAX_EXPERTS + 1], used[ST_CUQ_MAX_EXPERTS];
-    ST_CU(c, cudaMemcpyAsync(count, count_d, sizeof(int) * (size_t)E, cudaMemcpyDeviceToHost, c->stream));
+    st_moe_groups gr;
+    ST_CU(c, cudaMemcpyAsync(gr.count, count_d, sizeof(int) * (size_t)E, cudaMemcpyDeviceToHost, c->stream));
     ST_CU(c, cudaStreamSynchronize(c->stream));
     if (c->err) return;
-    int n_used = 0, pos = 0;
+    int pos = 0;
+    gr.n_used = 0;
     for (int e = 0; e < E; e++) {
-        start[e] = pos;
-        pos += count[e];
-        if (count[e]) used[n_used++] = e;
+        gr.start[e] = pos;
+        pos += gr.count[e];
+        if (gr.count[e]) gr.used[gr.n_used++] = e;
     }
     int valid = pos;
     if (valid == 0) {
         ST_CU(c, cudaMemsetAsync(a->y, 0, sizeof(float) * (size_t)n * d, c->stream));
         return;
     }
+    gr.used_dev = used_d;
+    gr.tiles = tiles_d;
+    gr.ntiles = 0;
+    bool gmm = use_gmm(c);
+    if (gmm) {
+        // Tiles of up to ST_GM_BN grouped rows, expert by expert (neighbouring blocks share an
+        // expert's weights in L2). Built here in pieces; a pageable copy is staged before
+        // cudaMemcpyAsync returns, so the piece buffer can be refilled at once.
+        int4 piece[256];
+        int np = 0;
+        for (int i = 0; i < gr.n_used; i++) {
+            int e = gr.used[i], end = gr.start[e] + gr.count[e];
+            for (int x0 = gr.start[e]; x0 < end; x0 += ST_GM_BN) {
+                if (np == 256) {
+                    ST_CU(c, cudaMemcpyAsync(tiles_d + gr.ntiles, piece, sizeof piece, cudaMemcpyHostToDevice, c->stream));
+                    gr.ntiles += np;
+                    np = 0;
+                }
+                piece[np++] = make_int4(e, x0, end - x0 < ST_GM_BN ? end - x0 : ST_GM_BN, 0);
+            }
+        }
+        if (np > 0) {
+            ST_CU(c, cudaMemcpyAsync(tiles_d + gr.ntiles, piece, sizeof(int4) * (size_t)np, cudaMemcpyHostToDevice,
+                                     c->stream));
+            gr.ntiles += np;
+        }
+    }
 
-    int64_t nx = (int64_t)valid * d;
-    moe_gather_kernel<<<(unsigned)((nx + 255) / 256), 256, 0, c->stream>>>(a->x, order, valid, k, (int)d, xg);
-    ST_CU_LAUNCHED(c, "moe_gather_kernel");
-    moe_big_pass(c, gate, used_d, used, count, start, n_used, xg, g);
-    moe_big_pass(c, up, used_d, used, count, start, n_used, xg, u);
-    int64_t nh = (int64_t)valid * F;
-    silu_mul_bf16_kernel<<<(unsigned)((nh + 255) / 256), 256, 0, c->stream>>>(g, u, nh, hg);
-    ST_CU_LAUNCHED(c, "silu_mul_bf16_kernel");
-    moe_big_pass(c, down, used_d, used, count, start, n_used, hg, o);
+    moe_gather(c, kg, a->x, order, valid, k, (int)d, xg);
+    if (ku != kg) moe_gather(c, ku, a->x, order, valid, k, (int)d, xu);
+    moe_big_pass(c, gate, &gr, gmm, xg, g);
+    moe_big_pass(c, up, &gr, gmm, xu, u);
+    silu_mul_to(c, kd, g, u, (int64_t)valid * F, h);
+    moe_big_pass(c, down, &gr, gmm, h, o);
 
     int64_t ny = (int64_t)n * d;
     moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, inv, a->ids, a->weights, n, k, E,

@@ -1,0 +1,146 @@
+// backend/cuda: the prompt-chunk GEMM over quantized weights: tiles of weights dequantized to
+// bf16 in shared memory and multiplied with tensor cores (WMMA, sm_80+), many matrices (the
+// used experts) and row groups in one launch. Included by quant_matmul.cu only (the IQ tables).
+#pragma once
+
+#include <mma.h>
+
+#include "backend/cuda/quant_unpack.cuh"
+
+// Block tile: GM_BM weight rows x GM_BN activation rows, GM_BK columns per step (two chunks of
+// 32). 8 warps, each a 32 x 32 piece of the tile as 2 x 2 WMMA 16x16x16 fragments.
+#define ST_GM_BM 128
+#define ST_GM_BN 64
+#define ST_GM_BK 64
+#define ST_GM_LDS (ST_GM_BK + 8)   // bf16 row stride in shared memory: 144 bytes, spreads banks
+#define ST_GM_LDC (ST_GM_BM + 4)   // float column stride of the staged output tile
+#define ST_GM_THREADS 256
+
+// One block's work: a matrix, its first activation row (in the grouped order) and the count.
+// tiles == NULL: matrix 0, rows ST_GM_BN * blockIdx.x onwards (a dense matmul).
+struct st_gmm_args {
+    const uint8_t *w;       // matrix 0; matrix m at w + m * mat_bytes
+    size_t row_bytes, mat_bytes;
+    int64_t rows;           // M: weight rows = output columns
+    int cols;               // K: multiple of 32
+    const __nv_bfloat16 *x; // (nx_total, cols)
+    float *y;               // (nx_total, ldy), columns 0 .. rows - 1 written
+    int64_t ldy;
+    const int4 *tiles;      // {matrix, first row, rows <= ST_GM_BN, 0} per blockIdx.x
+    int nx_total;
+};
+
+// Shared memory: the A (weights) and B (activations) tiles, reused for the float output tile.
+#define ST_GM_SMEM_AB ((ST_GM_BM + ST_GM_BN) * ST_GM_LDS * 2)
+#define ST_GM_SMEM_C (ST_GM_BN * ST_GM_LDC * 4)
+#define ST_GM_SMEM (ST_GM_SMEM_AB > ST_GM_SMEM_C ? ST_GM_SMEM_AB : ST_GM_SMEM_C)
+
+// Chunk c of a weight row to 32 bf16 at dst (16-byte aligned); zeros when !ok. The values are
+// dequant.c's floats rounded to bf16, as the old dequantize-then-cuBLAS path had them.
+template <int T>
+__device__ __forceinline__ void gmm_load_a(const uint8_t *row, int c, bool ok, __nv_bfloat16 *dst) {
+    uint32_t u[16];
+    if (ok) {
+        st_wchunk w;
+        st_qt<T>::unpack(row, c, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float s = i < 4 ? w.s0 : w.s1, m = i < 4 ? w.m0 : w.m1;
+            float v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float p = __fmul_rn(s, (float)(int8_t)(w.q[i] >> (8 * k)));
+                v[k] = st_qt<T>::HAS_MIN ? __fadd_rn(p, m) : p;
+            }
+            __nv_bfloat162 h0 = __floats2bfloat162_rn(v[0], v[1]), h1 = __floats2bfloat162_rn(v[2], v[3]);
+            u[2 * i] = *(uint32_t *)&h0;
+            u[2 * i + 1] = *(uint32_t *)&h1;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++) u[i] = 0;
+    }
+    uint4 *d = (uint4 *)dst;
+#pragma unroll
+    for (int j = 0; j < 4; j++) d[j] = make_uint4(u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
+}
+
+// y[x0 + j][r0 + i] = Σ_k W_m[r0 + i][k] · x[x0 + j][k] for the block's tile.
+template <int T>
+__global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
+#if __CUDA_ARCH__ >= 800
+    using namespace nvcuda;
+    __shared__ __align__(128) uint8_t smem[ST_GM_SMEM];
+    __nv_bfloat16 *sa = (__nv_bfloat16 *)smem;       // (BM, LDS) weights, row-major
+    __nv_bfloat16 *sb = sa + ST_GM_BM * ST_GM_LDS;    // (BN, LDS) activations, row-major
+    float *sc = (float *)smem;                        // (BN, LDC) output, after the loop
+
+    int mat, x0, nx;
+    if (p.tiles) {
+        int4 t = p.tiles[blockIdx.x];
+        mat = t.x, x0 = t.y, nx = t.z;
+    } else {
+        mat = 0;
+        x0 = blockIdx.x * ST_GM_BN;
+        nx = p.nx_total - x0 < ST_GM_BN ? p.nx_total - x0 : ST_GM_BN;
+    }
+    int64_t r0 = (int64_t)blockIdx.y * ST_GM_BM;
+    const uint8_t *wm = p.w + (size_t)mat * p.mat_bytes;
+    int tid = threadIdx.x, warp = tid >> 5;
+    int nchunk = p.cols / 32;
+
+    // A: thread t dequantizes chunk (t & 1) of the step for weight row t >> 1.
+    int am = tid >> 1, akc = tid & 1;
+    bool arow_ok = r0 + am < p.rows;
+    const uint8_t *arow = wm + (size_t)(arow_ok ? r0 + am : 0) * p.row_bytes;
+
+    int wr = (warp & 3) * 32, wc = (warp >> 2) * 32; // the warp's rows (weights) and columns (x rows)
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    for (int k0 = 0; k0 < p.cols; k0 += ST_GM_BK) {
+        int c = k0 / 32 + akc;
+        gmm_load_a<T>(arow, c, arow_ok && c < nchunk, sa + am * ST_GM_LDS + akc * 32);
+        // B: 64 rows x 64 bf16 = 512 16-byte pieces, two per thread; zeros past the data (the
+        // products with zero weights must not meet garbage NaNs).
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int v = tid + ST_GM_THREADS * h, j = v >> 3, k = k0 + (v & 7) * 8;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (j < nx && k < p.cols) val = *(const uint4 *)(p.x + (size_t)(x0 + j) * p.cols + k);
+            *(uint4 *)(sb + j * ST_GM_LDS + (v & 7) * 8) = val;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < ST_GM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], sa + (wr + 16 * i) * ST_GM_LDS + kk, ST_GM_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], sb + (wc + 16 * j) * ST_GM_LDS + kk, ST_GM_LDS);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    // Stage the tile column-major (output row j's values contiguous), then coalesced stores.
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wc + 16 * j) * ST_GM_LDC + wr + 16 * i, acc[i][j], ST_GM_LDC,
+                                    wmma::mem_col_major);
+    __syncthreads();
+    for (int v = tid; v < ST_GM_BN * ST_GM_BM; v += ST_GM_THREADS) {
+        int j = v / ST_GM_BM, i = v % ST_GM_BM;
+        if (j < nx && r0 + i < p.rows) p.y[(size_t)(x0 + j) * p.ldy + r0 + i] = sc[j * ST_GM_LDC + i];
+    }
+#endif
+}
