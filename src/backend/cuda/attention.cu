@@ -297,6 +297,305 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor-core attention for prompt chunks (n > ST_CUDA_GRAPH_ROWS; sm_80+, head_dim 64 or 128,
+// f16 or q8_0 cache). Same block shape as attn_kernel (one KV head, TC_BQ = 64 queries
+// qi = row * G + head-in-group, one split of the context) with 4 warps of 16 queries each.
+// Per KV tile of BK = 64 positions, staged in shared memory as f16 (cp.async, double
+// buffered, for an f16 cache; dequantized through registers for q8_0):
+//   S = Q Kᵀ and O += P V with mma.sync m16n8k16 (f16 inputs, f32 accumulation), the online
+//   softmax on the S fragments in registers, P fed back as the A operand without shared memory.
+// Accuracy: an f16 cache holds K and V exactly, but the f32 queries and probabilities do not fit
+// f16's 11 bits. Each is split into hi = f16(x) and lo = f16(x − hi) and both multiply (two MMAs),
+// which carries ~22 bits: results stay within float rounding of the FP32 kernel (the tests hold
+// both to the same bounds). That doubles the tensor work, which is still far from the limit.
+// BK is 32 instead where 64 does not fit the block's shared memory (sm_86 / sm_89: 99 KB).
+#define TC_BQ 64
+#define TC_WARPS 4
+
+template <int D, int BK>
+struct tc_shape {
+    static constexpr int ST = D + 8; // row stride in halves: 8 rows' fragment loads hit 32 banks
+    static constexpr size_t smem = sizeof(__half) * ((size_t)2 * TC_BQ * ST + (size_t)4 * BK * ST);
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define ST_ATTN_TC_DEVICE 1
+#endif
+
+#ifdef ST_ATTN_TC_DEVICE
+__device__ __forceinline__ void tc_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// B fragments of two n-tiles from a row-major (k rows, n cols) f16 tile: lanes 0-15 give rows
+// k0..k0+15 at column n0, lanes 16-31 the same rows at n0 + 8.
+__device__ __forceinline__ void tc_ldmatrix_x4_trans(uint32_t (&r)[4], const __half *p) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// 16 bytes global -> shared, asynchronously; zeros when !valid (no global read).
+__device__ __forceinline__ void tc_cp_async16(__half *dst, const void *src, bool valid) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t tc_ld32(const __half *p) { return *(const uint32_t *)p; }
+
+__device__ __forceinline__ uint32_t tc_pack(__half2 h) { return *(uint32_t *)&h; }
+
+// hi / lo halves of two floats (the lower 16 bits hold the first, as the fragments expect).
+__device__ __forceinline__ void tc_split(float a, float b, uint32_t &hi, uint32_t &lo) {
+    __half2 h = __floats2half2_rn(a, b);
+    hi = tc_pack(h);
+    lo = tc_pack(__floats2half2_rn(a - __low2float(h), b - __high2float(h)));
+}
+
+// Cache rows t0 .. t0+BK-1 of head hk into dst (BK, ST) as f16; zeros from t_end on.
+template <int D, int BK>
+__device__ __forceinline__ void tc_load_tile(__half *dst, const void *cache, const attn_params &p, int hk, int t0,
+                                             int t_end) {
+    constexpr int ST = tc_shape<D, BK>::ST, C8 = D / 8; // 8-value chunks per row
+    for (int c = threadIdx.x; c < BK * C8; c += TC_WARPS * 32) {
+        int r = c / C8, x8 = (c % C8) * 8, t = t0 + r, idx = hk * D + x8;
+        bool valid = t < t_end;
+        const char *row = (const char *)cache + (size_t)(valid ? t : 0) * p.row_bytes;
+        if (p.kv_type == ST_KV_F16) {
+            tc_cp_async16(dst + r * ST + x8, row + (size_t)idx * 2, valid);
+        } else { // q8_0: d · q as f16 (within one rounding of the value; q8_0's own error is larger)
+            uint4 out = make_uint4(0, 0, 0, 0);
+            if (valid) {
+                const char *blk = row + (size_t)(idx / QK8_0) * sizeof(block_q8_0);
+                float d = __half2float(*(const __half *)blk);
+                const unsigned short *qs = (const unsigned short *)(blk + 2 + idx % QK8_0); // 2-byte aligned
+                uint32_t w[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    unsigned short two = qs[e];
+                    w[e] = tc_pack(__floats2half2_rn(d * (float)(int8_t)(two & 0xff), d * (float)(int8_t)(two >> 8)));
+                }
+                out = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            *(uint4 *)(dst + r * ST + x8) = out;
+        }
+    }
+}
+#endif
+
+template <int D, int BK>
+__global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
+#ifdef ST_ATTN_TC_DEVICE
+    typedef tc_shape<D, BK> S;
+    constexpr int ST = S::ST, NT = BK / 8, DT = D / 8;
+    extern __shared__ float4 tc_sm4[];
+    __half *Qh = (__half *)tc_sm4;   // (TC_BQ, ST) queries, hi
+    __half *Ql = Qh + TC_BQ * ST;    // (TC_BQ, ST) queries, lo
+    __half *Kb = Ql + TC_BQ * ST;    // 2 x (BK, ST)
+    __half *Vb = Kb + 2 * BK * ST; // 2 x (BK, ST)
+    // Heaviest query tiles (latest rows: most positions) first, so the tail of the grid is short.
+    const int qbase = (gridDim.x - 1 - blockIdx.x) * TC_BQ, hk = blockIdx.y, split = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tig = lane & 3;
+    const int pos0 = *p.pos_dev, T = pos0 + p.n;
+
+    for (int e = tid; e < TC_BQ * D / 4; e += TC_WARPS * 32) {
+        int r = e / (D / 4), x = (e % (D / 4)) * 4, qi = qbase + r;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (qi < p.nq) v = *(const float4 *)(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D + x);
+        uint32_t h0, l0, h1, l1;
+        tc_split(v.x, v.y, h0, l0);
+        tc_split(v.z, v.w, h1, l1);
+        *(uint2 *)(Qh + r * ST + x) = make_uint2(h0, h1);
+        *(uint2 *)(Ql + r * ST + x) = make_uint2(l0, l1);
+    }
+    // This thread's two query rows (g and g + 8 of its warp's 16) and the last position each sees.
+    const int qi0 = qbase + w * 16 + g, qi1 = qi0 + 8;
+    const int lim0 = qi0 < p.nq ? pos0 + qi0 / p.G : -1, lim1 = qi1 < p.nq ? pos0 + qi1 / p.G : -1;
+    const int wq_last = min(qbase + w * 16 + 15, p.nq - 1);
+    const int wlim = qbase + w * 16 < p.nq ? pos0 + wq_last / p.G : -1;
+    int t_begin = 0, t_end = min(T, pos0 + (min(qbase + TC_BQ, p.nq) - 1) / p.G + 1);
+    if (p.ns > 1) {
+        int chunk = (T + p.ns - 1) / p.ns;
+        chunk = (chunk + BK - 1) / BK * BK;
+        t_begin = split * chunk;
+        t_end = min(t_end, t_begin + chunk);
+    }
+    const int ntiles = t_begin < t_end ? (t_end - t_begin + BK - 1) / BK : 0;
+
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    if (ntiles > 0) {
+        tc_load_tile<D, BK>(Kb, p.kc, p, hk, t_begin, t_end);
+        tc_load_tile<D, BK>(Vb, p.vc, p, hk, t_begin, t_end);
+    }
+    tc_cp_commit();
+    for (int it = 0; it < ntiles; it++) {
+        const int t0 = t_begin + it * BK, buf = it & 1;
+        if (it + 1 < ntiles) { // the next tile streams in while this one is computed
+            tc_load_tile<D, BK>(Kb + (buf ^ 1) * BK * ST, p.kc, p, hk, t0 + BK, t_end);
+            tc_load_tile<D, BK>(Vb + (buf ^ 1) * BK * ST, p.vc, p, hk, t0 + BK, t_end);
+        }
+        tc_cp_commit();
+        tc_cp_wait<1>(); // all but the group just issued: this tile has landed
+        __syncthreads(); // ... for every thread's copies (and Q, the first time)
+        if (t0 <= wlim) {
+            const __half *K = Kb + buf * BK * ST, *V = Vb + buf * BK * ST;
+            float s[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const __half *qh = Qh + (w * 16 + g) * ST + kk * 16 + tig * 2;
+                const __half *ql = Ql + (w * 16 + g) * ST + kk * 16 + tig * 2;
+                uint32_t ah[4] = {tc_ld32(qh), tc_ld32(qh + 8 * ST), tc_ld32(qh + 8), tc_ld32(qh + 8 * ST + 8)};
+                uint32_t al[4] = {tc_ld32(ql), tc_ld32(ql + 8 * ST), tc_ld32(ql + 8), tc_ld32(ql + 8 * ST + 8)};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const __half *kp = K + (nt * 8 + g) * ST + kk * 16 + tig * 2;
+                    uint32_t b0 = tc_ld32(kp), b1 = tc_ld32(kp + 8);
+                    tc_mma(s[nt], ah, b0, b1);
+                    tc_mma(s[nt], al, b0, b1);
+                }
+            }
+            // Causal mask, scale, online softmax. s[nt][0..1]: row g, keys t0 + 8 nt + 2 tig + {0,1};
+            // s[nt][2..3]: row g + 8, the same keys.
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int t = t0 + nt * 8 + tig * 2 + c;
+                    bool in = t < t_end;
+                    s[nt][c] = in && t <= lim0 ? s[nt][c] * p.scale : -INFINITY;
+                    s[nt][2 + c] = in && t <= lim1 ? s[nt][2 + c] * p.scale : -INFINITY;
+                    mx0 = fmaxf(mx0, s[nt][c]);
+                    mx1 = fmaxf(mx1, s[nt][2 + c]);
+                }
+#pragma unroll
+            for (int o2 = 1; o2 <= 2; o2 <<= 1) { // the 4 lanes of a quad share the rows
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+            }
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            // -inf - -inf is NaN: a row with nothing seen yet keeps corr 1 and p 0.
+            const float c0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), c1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
+            m0 = mn0, m1 = mn1;
+            float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float p0 = s[nt][c] == -INFINITY ? 0.0f : expf(s[nt][c] - mn0);
+                    float p1 = s[nt][2 + c] == -INFINITY ? 0.0f : expf(s[nt][2 + c] - mn1);
+                    s[nt][c] = p0, s[nt][2 + c] = p1;
+                    ls0 += p0, ls1 += p1;
+                }
+            l0 = l0 * c0 + ls0, l1 = l1 * c1 + ls1;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) o[dt][0] *= c0, o[dt][1] *= c0, o[dt][2] *= c1, o[dt][3] *= c1;
+            // O += P V, P's fragments straight from s (keys 16 kk .. 16 kk + 15 per step).
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                uint32_t ah[4], al[4];
+                tc_split(s[2 * kk][0], s[2 * kk][1], ah[0], al[0]);
+                tc_split(s[2 * kk][2], s[2 * kk][3], ah[1], al[1]);
+                tc_split(s[2 * kk + 1][0], s[2 * kk + 1][1], ah[2], al[2]);
+                tc_split(s[2 * kk + 1][2], s[2 * kk + 1][3], ah[3], al[3]);
+#pragma unroll
+                for (int d2 = 0; d2 < D / 16; d2++) {
+                    uint32_t b[4];
+                    tc_ldmatrix_x4_trans(b, V + (kk * 16 + (lane & 15)) * ST + d2 * 16 + (lane >> 4) * 8);
+                    tc_mma(o[2 * d2], ah, b[0], b[1]);
+                    tc_mma(o[2 * d2], al, b[0], b[1]);
+                    tc_mma(o[2 * d2 + 1], ah, b[2], b[3]);
+                    tc_mma(o[2 * d2 + 1], al, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads(); // every warp is done with this buffer before the next tile's copies reuse it
+    }
+    tc_cp_wait<0>();
+
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int qi = half ? qi1 : qi0;
+        if (qi >= p.nq) continue;
+        float mm = half ? m1 : m0, ll = half ? l1 : l0;
+        size_t rh = (size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G;
+        if (p.ns == 1) {
+            float inv = 1.0f / ll; // position 0 is always seen: ll >= 1
+            float *dst = p.out + rh * D + tig * 2;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *(float2 *)(dst + dt * 8) = make_float2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+        } else {
+            float *pp = p.part + ((size_t)split * p.n * p.H + rh) * (D + 2);
+            if (tig == 0) pp[0] = mm, pp[1] = ll;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                pp[2 + dt * 8 + tig * 2] = o[dt][2 * half], pp[2 + dt * 8 + tig * 2 + 1] = o[dt][2 * half + 1];
+        }
+    }
+#endif
+}
+
+// Whether the tensor-core kernel was compiled for this GPU (a build for older targets only, run
+// through PTX on a newer GPU, has an empty body: the FP32 kernel runs instead).
+static bool attn_tc_built(void) {
+    static int built = -1;
+    if (built < 0) {
+        cudaFuncAttributes fa;
+        built = cudaFuncGetAttributes(&fa, attn_tc_kernel<128, 64>) == cudaSuccess && fa.ptxVersion >= 80 &&
+                fa.binaryVersion >= 80;
+        cudaGetLastError();
+    }
+    return built == 1;
+}
+
+template <int D, int BK>
+static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
+    typedef tc_shape<D, BK> S;
+    int qt = (p->nq + TC_BQ - 1) / TC_BQ;
+    // Splits only when the grid would not fill the GPU (~2 blocks per multiprocessor): short
+    // chunks late in a long context. Each split gets at least 4 tiles.
+    int base = n_head_kv * qt, sms = c->prop.multiProcessorCount;
+    int ns = (2 * sms + base - 1) / base, useful = (T + 4 * BK - 1) / (4 * BK);
+    ns = ns < useful ? ns : useful;
+    ns = ns < 64 ? ns : 64;
+    ns = ns < 1 ? 1 : ns;
+    p->ns = ns;
+    if (ns > 1) {
+        size_t bytes = sizeof(float) * (size_t)ns * p->n * p->H * (D + 2);
+        p->part = (float *)st_cuda_scratch(c, ST_SCR_ATTN, bytes);
+        if (!p->part) return; // the error is kept
+    }
+    ST_CU(c, cudaFuncSetAttribute(attn_tc_kernel<D, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
+    dim3 grid((unsigned)qt, (unsigned)n_head_kv, (unsigned)ns);
+    attn_tc_kernel<D, BK><<<grid, TC_WARPS * 32, S::smem, c->stream>>>(*p);
+    ST_CU_LAUNCHED(c, "attention (tensor cores)");
+    if (ns > 1) {
+        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, D, ns);
+        ST_CU_LAUNCHED(c, "attention combine");
+    }
+}
+
 // Queries per warp: enough for the whole window in one tile when possible (each cache row then
 // read once), at most 4 (registers: 4 x EPL accumulators per lane), and fitting shared memory.
 template <int EPL>
@@ -335,6 +634,19 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
     p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out;
     p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
+    // Prompt chunks on tensor cores where the kernel covers the shape; the FP32 kernel for
+    // decode / verify windows (memory-bound), an f32 cache, other head sizes and older GPUs.
+    bool tc = a->n > ST_CUDA_GRAPH_ROWS && c->prop.major >= 8 && (D == 64 || D == 128) &&
+              (kv->type == ST_KV_F16 || kv->type == ST_KV_Q8_0) && ((uintptr_t)a->q & 15) == 0 &&
+              ((uintptr_t)a->out & 7) == 0 && attn_tc_built();
+    if (tc) {
+        int T = a->pos0 + a->n;
+        bool big = tc_shape<128, 64>::smem <= c->prop.sharedMemPerBlockOptin;
+        if (D == 64) attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
+        else if (big) attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
+        else attn_tc_launch<128, 32>(c, &p, kv->n_head_kv, T);
+        return;
+    }
     switch (D / 32) {
 #define CASE(E) case E: attn_dispatch<E>(c, &p, kv->n_head_kv, kv->n_ctx); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
