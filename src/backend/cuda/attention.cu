@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     float *Vs = Ks + TK * KST; // (TK, D)
     float *Qs = Vs + TK * D;   // (QB, D)
     float *Ps = Qs + QB * D;   // (QB, TK) probabilities of the current tile
-    const int split = blockIdx.x, hk = blockIdx.y, qbase = blockIdx.z * QB;
+    // Query tiles vary fastest: the tiles reading the same cache rows run together (L2 hits).
+    const int qbase = blockIdx.x * QB, split = blockIdx.y, hk = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int pos0 = *p.pos_dev, T = pos0 + p.n;
 
@@ -161,6 +162,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
         t_begin = split * chunk;
         t_end = min(t_end, t_begin + chunk);
+        if (t_begin >= T) return; // past the context: the combine does not read this split
     }
 
     float m[QPW], l[QPW], acc[QPW][EPL];
@@ -246,10 +248,20 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     }
 }
 
-// One block per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s. Splits that saw
-// no position (m = −inf) are skipped; split 0 always sees position 0.
-__global__ void attn_combine_kernel(const float *part, float *out, int nh, int D, int ns) {
+// The splits that hold positions of [0, T): chunks of ceil(T / ns) rounded up to `align`, as the
+// attention kernels cut them (the rest return without writing).
+__device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
+    int chunk = (T + ns - 1) / ns;
+    chunk = (chunk + align - 1) / align * align;
+    return min(ns, (T + chunk - 1) / chunk);
+}
+
+// One block per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s over the active
+// splits. Splits that saw no position (m = −inf) are skipped; split 0 always sees position 0.
+__global__ void attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const int32_t *pos_dev,
+                                    int n, int align) {
     int rh = blockIdx.x;
+    ns = attn_active_splits(*pos_dev + n, ns, align);
     float M = -INFINITY;
     for (int s = 0; s < ns; s++) M = fmaxf(M, part[((size_t)s * nh + rh) * (D + 2)]);
     for (int x = threadIdx.x; x < D; x += blockDim.x) {
@@ -288,11 +300,12 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     }
     if (S::smem > 48 * 1024) // above the default limit: opt in (a function attribute, fine while recording)
         ST_CU(c, cudaFuncSetAttribute(attn_kernel<EPL, QPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
-    dim3 grid((unsigned)ns, (unsigned)n_head_kv, (unsigned)qt);
+    dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
     attn_kernel<EPL, QPW><<<grid, ATTN_WARPS * 32, S::smem, c->stream>>>(*p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1) {
-        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D, ns);
+        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D, ns, p->pos_dev,
+                                                                  p->n, p->min_chunk);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
@@ -325,7 +338,8 @@ struct tc_shape {
 
 #ifdef ST_ATTN_TC_DEVICE
 __device__ __forceinline__ void tc_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    // Not volatile: a pure register operation the compiler may schedule (ldmatrix stays ordered).
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -428,6 +442,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
         chunk = (chunk + BK - 1) / BK * BK;
         t_begin = split * chunk;
         t_end = min(t_end, t_begin + chunk);
+        if (t_begin >= T) return; // past the context: the combine does not read this split
     }
     const int ntiles = t_begin < t_end ? (t_end - t_begin + BK - 1) / BK : 0;
 
@@ -591,7 +606,8 @@ static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
     attn_tc_kernel<D, BK><<<grid, TC_WARPS * 32, S::smem, c->stream>>>(*p);
     ST_CU_LAUNCHED(c, "attention (tensor cores)");
     if (ns > 1) {
-        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, D, ns);
+        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, D, ns, p->pos_dev, p->n,
+                                                                  BK);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
