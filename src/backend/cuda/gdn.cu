@@ -112,13 +112,13 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
 // Chunked form (cpu.c gdn_chunk has the same steps, one value head at a time). Per chunk of
 // GC rows with γ_i = Σ_{l≤i} g_l:
 //   A  = strict_lower(−diag(β) (K Kᵀ) ⊙ D),  D_il = exp(γ_i − γ_l)
-//   W  = (I − A)⁻¹-style forward substitution: row i = β_i e^{γ_i} k_i + Σ_{l<i} A_il W_l,
-//   U  likewise from β_i v_i;   V' = U − W Sᵀ
+//   T  = (I − A)⁻¹, so W = T diag(β e^γ) K and U = T diag(β) V (the forward substitution
+//        row i = rhs_i + Σ_{l<i} A_il row_l);   V' = U − W Sᵀ = T (diag(β) V − diag(β e^γ) K Sᵀ)
 //   O  = diag(e^γ) Q Sᵀ + lower_incl((Q Kᵀ) ⊙ D) V'
 //   S ← e^{γ_c} S + V'ᵀ (diag(e^{γ_c − γ}) K)
 // Only V', O and S involve value dims, each column on its own, so a block owns one head and a
 // slice of GSV value rows of its state (in shared memory across all chunks); the value-free parts
-// (A, W, the Q Kᵀ mask) are recomputed by each slice, which costs less than a second pass
+// (A, T, the Q Kᵀ mask) are recomputed by each slice, which costs less than a second pass
 // through global memory. Rows past the end of the last chunk are zeros (g = 0, β = 0: no-ops).
 //
 // Shared memory, D = 128: ~94 KB (fits the opt-in limit of sm_80 and newer, sm_86/89 included);
@@ -192,43 +192,83 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_chunk_kernel(st_gdn_arg
                     A[i * GC + l] = l < i ? -bet[i] * acc[p][q] * expf(gam[i] - gam[l]) : 0.0f;
                 }
         }
-        __syncthreads(); // eg ready; A ready
-        for (int e = tid; e < GC * D; e += GDN_CHUNK_THREADS) {
-            int i = e / D, x = e % D;
-            X[i * DP + x] = bet[i] * eg[i] * Ks[i * DP + x];
-        }
         for (int e = tid; e < GC * GSV; e += GDN_CHUNK_THREADS) {
             int i = e / GSV, vs = e % GSV;
             U[e] = i < c ? bet[i] * a.v[((size_t)(t0 + i) * H + j) * D + vs0 + vs] : 0.0f;
         }
-        __syncthreads();
-        // Forward substitution, one row after the other; a thread per column of [W | U].
-        for (int i = 1; i < c; i++) {
-            const float *Ai = A + i * GC;
-            if (tid < D) {
-                float s = X[i * DP + tid];
-                for (int l = 0; l < i; l++) s += Ai[l] * X[l * DP + tid];
-                X[i * DP + tid] = s;
-            } else if (tid < D + GSV) {
-                int col = tid - D;
-                float s = U[i * GSV + col];
-                for (int l = 0; l < i; l++) s += Ai[l] * U[l * GSV + col];
-                U[i * GSV + col] = s;
+        __syncthreads(); // eg ready; A ready
+        // T = (I − A)⁻¹ (unit lower triangular) in X, by blocks of 16 (the row-by-row substitution
+        // is a chain of 64 dependent steps; this is 1 + 3 levels of parallel 16 x 16 products):
+        //   diagonal blocks: a column per thread, solved in registers;
+        //   T_ij = T_ii Σ_{k=j}^{i−1} A_ik T_kj for i > j, one diagonal distance d = i − j a level.
+        // Then W = T (β e^γ K) and U = T (β v) give V' = U − W Sᵀ = T (β v − β e^γ K Sᵀ), so W
+        // is never formed.
+        float *Tm = X;           // (GC, GC)
+        float *Z = X + GC * GC;  // (3, 16, 16) one level's sums
+        if (tid < GC) {
+            const int r0 = (tid / 16) * 16, col = tid % 16;
+            float t[16];
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                float v = r == col ? 1.0f : 0.0f;
+#pragma unroll
+                for (int l = 0; l < r; l++) v += A[(r0 + r) * GC + r0 + l] * t[l];
+                t[r] = v; // 0 above the diagonal (r < col)
             }
-            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < 16; r++) Tm[(r0 + r) * GC + r0 + col] = t[r];
         }
-        // V' = U − W Sᵀ (with the state entering the chunk).
+        __syncthreads();
+        {
+            const int tr = tid / 16, tc = tid % 16;
+            for (int d = 1; d < 4; d++) {
+                for (int i = d; i < 4; i++) {
+                    int jb = i - d;
+                    float z = 0;
+                    for (int k = jb; k < i; k++)
+#pragma unroll
+                        for (int x = 0; x < 16; x++)
+                            z += A[(16 * i + tr) * GC + 16 * k + x] * Tm[(16 * k + x) * GC + 16 * jb + tc];
+                    Z[(i - d) * 256 + tid] = z;
+                }
+                __syncthreads();
+                for (int i = d; i < 4; i++) {
+                    int jb = i - d;
+                    float t = 0;
+                    for (int x = 0; x <= tr; x++) t += Tm[(16 * i + tr) * GC + 16 * i + x] * Z[(i - d) * 256 + x * 16 + tc];
+                    Tm[(16 * i + tr) * GC + 16 * jb + tc] = t;
+                }
+                __syncthreads();
+            }
+        }
+        // Y = β v − β e^γ (K Sᵀ), with the state entering the chunk, in U.
         {
             float acc[4] = {};
             for (int x = 0; x < D; x++) {
                 float sv = S[tl * DP + x];
 #pragma unroll
-                for (int p = 0; p < 4; p++) acc[p] += X[(ti + 16 * p) * DP + x] * sv;
+                for (int p = 0; p < 4; p++) acc[p] += Ks[(ti + 16 * p) * DP + x] * sv;
             }
 #pragma unroll
-            for (int p = 0; p < 4; p++) U[(ti + 16 * p) * GSV + tl] -= acc[p];
+            for (int p = 0; p < 4; p++) {
+                int i = ti + 16 * p;
+                U[i * GSV + tl] -= bet[i] * eg[i] * acc[p];
+            }
         }
-        __syncthreads(); // W is no longer needed: queries replace it
+        __syncthreads();
+        // V' = T Y (T is lower triangular: l <= i).
+        {
+            float acc[4] = {};
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                int i = ti + 16 * p;
+                for (int l = 0; l <= i; l++) acc[p] += Tm[i * GC + l] * U[l * GSV + tl];
+            }
+            __syncthreads(); // every read of Y is done
+#pragma unroll
+            for (int p = 0; p < 4; p++) U[(ti + 16 * p) * GSV + tl] = acc[p];
+        }
+        __syncthreads(); // T is no longer needed: queries replace it
         for (int e = tid; e < GC * D; e += GDN_CHUNK_THREADS) {
             int i = e / D, x = e % D;
             X[i * DP + x] = i < c ? a.q[((size_t)(t0 + i) * HK + hk) * D + x] : 0.0f;
