@@ -71,7 +71,7 @@ if step sanitize && command -v compute-sanitizer >/dev/null; then
 fi
 
 say "== GPU vs CPU parity"
-step parity && timeout 300 python3 tests/gpu/parity.py --bin "$B/strata" --out "$OUT/parity" >"$OUT/parity.txt" 2>&1 && r=pass || r=FAIL
+step parity && timeout 400 python3 tests/gpu/parity.py --bin "$B/strata" --out /tmp/strata-parity >"$OUT/parity.txt" 2>&1 && r=pass || r=FAIL
 step parity && row "parity GPU vs CPU (eval)" "$r" "$(tail -1 "$OUT/parity.txt")"
 step parity && cat "$OUT/parity.txt" >> "$LOG"
 
