@@ -138,6 +138,12 @@ typedef struct strata_generate_params {
     strata_sampling sampling;
     const char *const *stop;     // stop strings (not included in the output)
     int n_stop;
+    // Constrained decoding: only tokens that keep the output a prefix of one JSON object
+    // (RFC 8259; at most 64 nested containers and 20 whitespace bytes in a row outside strings)
+    // may be chosen, and the generation ends with stop_reason "eog" as soon as the object is
+    // complete. Sampling draws from the masked distribution; greedy then reads the logits on
+    // the host.
+    bool json_object;
 } strata_generate_params;
 
 typedef struct strata_generate_stats {

@@ -2,6 +2,7 @@
 // backend; a session is one sequence's state fed in prompt chunks.
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ struct strata_model {
     char tok_error[256];          // why, for the first call that needs it
     st_chat_template *tmpl;       // NULL when the file has no chat template
     char tmpl_error[256];
+    _Atomic(st_json_vocab *) json_vocab; // built by the first JSON-constrained generation
 };
 
 struct strata_session {
@@ -95,6 +97,7 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
 void strata_model_close(strata_model *m) {
     if (!m) return;
     st_chat_template_free(m->tmpl);
+    st_json_vocab_free(atomic_load(&m->json_vocab));
     st_tokenizer_free(m->tok);
     st_model_free(m->model); // before its backend: a GPU's weight copies go back through it
     st_backend_free(m->backend);
@@ -287,6 +290,22 @@ static st_status need_tokenizer(const strata_model *m) {
 st_status st_engine_tokenizer(const strata_model *m, st_tokenizer **out) {
     *out = m->tok;
     return need_tokenizer(m);
+}
+
+// Built lazily (most models never serve a JSON request); two threads racing here both build,
+// and the one that loses frees its copy.
+st_status st_engine_json_vocab(strata_model *m, const st_json_vocab **out) {
+    st_json_vocab *v = atomic_load(&m->json_vocab), *expected = NULL;
+    if (!v) {
+        ST_TRY(need_tokenizer(m));
+        ST_TRY(st_json_vocab_create(m->tok, &v));
+        if (!atomic_compare_exchange_strong(&m->json_vocab, &expected, v)) {
+            st_json_vocab_free(v);
+            v = expected;
+        }
+    }
+    *out = v;
+    return ST_OK;
 }
 
 strata_status strata_tokenize(const strata_model *m, const char *text, size_t len, bool special,

@@ -1,6 +1,7 @@
 // engine: step-wise generation (strata_step_*): strata_generate's loop cut into bounded steps (a
 // prompt chunk or one token), so one thread can interleave several sessions of a model.
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,9 @@ struct strata_step {
     bool done;
     strata_generate_stats stats;
     double t_prompt, t_gen; // when each phase began
+    // JSON-constrained decoding (gen.json_object): the text so far as the validator read it.
+    const st_json_vocab *json; // NULL: unconstrained
+    st_json_state js;
 };
 
 static st_status held_append(strata_step *g, const char *text, size_t len) {
@@ -106,8 +110,10 @@ strata_status strata_step_begin(strata_session *s, const int32_t *prompt, int n_
     // itself: only the token id crosses PCIe.
     const strata_sampling *sm = &p->gen.sampling;
     g->dev_greedy = sm->temperature <= 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
-                    sm->frequency_penalty == 0 && strata_model_get_info(m).gpu >= 0;
-    st_status st = st_sampler_create(&p->gen.sampling, g->n_vocab, &g->smp);
+                    sm->frequency_penalty == 0 && strata_model_get_info(m).gpu >= 0 && !p->gen.json_object;
+    st_status st = p->gen.json_object ? st_engine_json_vocab(m, &g->json) : ST_OK;
+    st_json_init(&g->js);
+    if (!st) st = st_sampler_create(&p->gen.sampling, g->n_vocab, &g->smp);
     const int32_t *held;
     int n_held = strata_session_tokens(s, &held);
     if (!st) {
@@ -186,9 +192,34 @@ static st_status finish(strata_step *g, strata_text_fn on_text, void *ctx) {
     return st;
 }
 
+// ---- JSON constraint: the mask before sampling, the validator after.
+
+// Picks the token from the masked logits and advances the validator over its bytes.
+static st_status json_sample(strata_step *g, int32_t *tok) {
+    if (!st_json_mask(g->json, &g->js, g->logits, g->n_vocab))
+        return st_fail(ST_ERR_UNSUPPORTED, "JSON constraint: no token of the vocabulary can continue the JSON");
+    *tok = st_sampler_sample(g->smp, g->logits, g->hist, g->n_hist);
+    if (!st_json_token_ok(g->json, &g->js, *tok)) { // a draw that rounding sent onto a masked token: the best left
+        int best = -1;
+        for (int i = 0; i < g->n_vocab; i++)
+            if (g->logits[i] != -INFINITY && (best < 0 || g->logits[i] > g->logits[best])) best = i;
+        ST_ASSERT(best >= 0 && st_json_token_ok(g->json, &g->js, best));
+        *tok = best;
+    }
+    size_t len;
+    const char *b = st_token_bytes(g->tok, *tok, &len);
+    bool fed = st_token_is_eog(g->tok, *tok) || st_json_feed(&g->js, b, len);
+    ST_ASSERT(fed); // the mask let only such tokens through
+    return ST_OK;
+}
+
+// ----
+
 // Samples one token, hands its final text on, and feeds it unless generation ends there.
 static st_status next_token(strata_step *g, strata_text_fn on_text, void *ctx) {
-    int32_t tok = g->dev_greedy ? g->best : st_sampler_sample(g->smp, g->logits, g->hist, g->n_hist);
+    int32_t tok;
+    if (g->json) ST_TRY(json_sample(g, &tok));
+    else tok = g->dev_greedy ? g->best : st_sampler_sample(g->smp, g->logits, g->hist, g->n_hist);
     if (st_token_is_eog(g->tok, tok)) {
         g->stats.stop_reason = "eog";
         return finish(g, on_text, ctx);
@@ -210,6 +241,10 @@ static st_status next_token(strata_step *g, strata_text_fn on_text, void *ctx) {
     }
     if (!go_on) {
         g->stats.stop_reason = "callback";
+        return finish(g, on_text, ctx);
+    }
+    if (g->json && st_json_complete(&g->js)) { // the object is closed: as if the model ended its turn
+        g->stats.stop_reason = "eog";
         return finish(g, on_text, ctx);
     }
     if (g->stats.n_generated == g->max_new) { // the limit asked for, or the end of the context

@@ -392,7 +392,8 @@ static int thinking_of(const json_t *b, const st_server_config *cfg, st_http_err
 }
 
 // response_format: {"type": "text" | "json_object" | "json_schema", ...}. JSON is asked for in
-// the system message and checked afterwards (decoding is not constrained).
+// the system message (it helps the model); json_object is also enforced while decoding
+// (strata_generate_params.json_object), json_schema only checked afterwards.
 static bool response_format(const json_t *b, json_t *msgs, st_gen_request *r, st_http_error *e) {
     json_t *rf = field(b, "response_format");
     if (!rf) return true;
@@ -415,6 +416,7 @@ static bool response_format(const json_t *b, json_t *msgs, st_gen_request *r, st
     free(inst);
     free(sj);
     r->json_mode = true;
+    r->gen.json_object = !strcmp(type, "json_object");
     return true;
 }
 
@@ -451,7 +453,11 @@ static bool parse_chat(const json_t *b, strata_model *m, const st_server_config 
     json_t *msgs = json_array(), *tools = NULL;
     bool ok = openai_messages(field(b, "messages"), msgs, e) && openai_tools(b, &tools, e) && response_format(b, msgs, r, e);
     int thinking = ok ? thinking_of(b, cfg, e, &ok) : -1;
+    // Constrained JSON leaves no room for a <think> block: the answer is the object alone. A
+    // template that opens one anyway gets the unconstrained way (asked for, then checked).
+    if (r->gen.json_object) thinking = 0;
     if (ok) ok = prompt_from_messages(m, msgs, tools, thinking, r, e);
+    if (r->in_reasoning) r->gen.json_object = false;
     r->tools = tools;
     json_decref(msgs);
     return ok && check_fits(r, cfg, ctx, "messages", e);
@@ -867,7 +873,13 @@ static void final_body(st_api_writer *w, const st_job_update *u) {
     } else {
         json_t *msg = json_pack("{s:s}", "role", "assistant");
         bool valid = true;
-        char *text = r->json_mode ? json_content(content, &valid) : strdup(content);
+        char *text;
+        if (r->gen.json_object) { // constrained: the text is one JSON object exactly when it was completed
+            valid = !strcmp(u->stats.stop_reason ? u->stats.stop_reason : "", "eog");
+            text = strdup(content);
+        } else {
+            text = r->json_mode ? json_content(content, &valid) : strdup(content);
+        }
         json_object_set_new(msg, "content", w->content.len || !json_array_size(w->calls) ? json_string(text ? text : "") : json_null());
         free(text);
         if (w->reasoning.len) json_object_set_new(msg, "reasoning_content", json_string(w->reasoning.p));
