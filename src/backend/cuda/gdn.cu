@@ -114,232 +114,301 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
 //   A  = strict_lower(−diag(β) (K Kᵀ) ⊙ D),  D_il = exp(γ_i − γ_l)
 //   T  = (I − A)⁻¹, so W = T diag(β e^γ) K and U = T diag(β) V (the forward substitution
 //        row i = rhs_i + Σ_{l<i} A_il row_l);   V' = U − W Sᵀ = T (diag(β) V − diag(β e^γ) K Sᵀ)
-//   O  = diag(e^γ) Q Sᵀ + lower_incl((Q Kᵀ) ⊙ D) V'
+//   M  = lower_incl((Q Kᵀ) ⊙ D);   O = diag(e^γ) Q Sᵀ + M V'
 //   S ← e^{γ_c} S + V'ᵀ (diag(e^{γ_c − γ}) K)
-// Only V', O and S involve value dims, each column on its own, so a block owns one head and a
-// slice of GSV value rows of its state (in shared memory across all chunks); the value-free parts
-// (A, T, the Q Kᵀ mask) are recomputed by each slice, which costs less than a second pass
-// through global memory. Rows past the end of the last chunk are zeros (g = 0, β = 0: no-ops).
+// T and M do not involve the state, so gdn_prep_kernel computes them for every (chunk, value
+// head) at once, in parallel, into a scratch buffer (2 x GC x GC floats each). What involves
+// the state runs chunk after chunk in gdn_chunk_kernel, where a block owns one head and a slice
+// of GSV value rows of its state (in shared memory across all chunks), each value column being
+// independent. Rows past the end of the last chunk are zeros (g = 0, β = 0: no-ops).
 //
-// Shared memory, D = 128: ~94 KB (fits the opt-in limit of sm_80 and newer, sm_86/89 included);
-// where it does not fit (sm_75), the chunked op runs the step kernel instead.
+// Shared memory, D = 128: ~96 KB per kernel (fits the opt-in limit of sm_80 and newer, sm_86/89
+// included); where it does not fit (sm_75), the chunked op runs the step kernel instead. Row
+// strides of D + 4 and GC + 4 floats keep 16-byte accesses aligned and the rows of a warp's
+// loads in different banks.
 #define GC ST_GDN_CHUNK
-#define GSV 16                    // value rows per block
+#define GSV 16 // value rows per block of the chunk kernel
 #define GDN_CHUNK_THREADS 256
+#define GTP (GC + 4) // row stride of A, T and M in shared memory
 
-static size_t gdn_chunk_smem(int d) {
-    int dp = d + 1;
-    return sizeof(float) * ((size_t)2 * GC * dp + (size_t)GC * GC + (size_t)GC * GSV + (size_t)GSV * dp + 4 * GC);
+static size_t gdn_prep_smem(int d) {
+    return sizeof(float) * ((size_t)2 * GC * (d + 4) + (size_t)GC * GTP + 2 * GC);
 }
 
-template <int D>
-__global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_chunk_kernel(st_gdn_args a) {
-    static_assert(GC == 64 && GSV == 16 && GDN_CHUNK_THREADS == 256, "the micro-tiles below assume these");
-    constexpr int DP = D + 1; // padded rows: column walks over different rows hit different banks
-    extern __shared__ float sm[];
-    float *Ks = sm;            // (GC, DP) keys
-    float *X = Ks + GC * DP;   // (GC, DP) W, then queries
-    float *A = X + GC * DP;    // (GC, GC) substitution coefficients, then the output mask
-    float *U = A + GC * GC;    // (GC, GSV) U, then V'
-    float *S = U + GC * GSV;   // (GSV, DP) the state slice: value rows vs0.., key dims
-    float *gam = S + GSV * DP; // (GC) γ
-    float *bet = gam + GC;     // (GC) β
-    float *eg = bet + GC;      // (GC) e^{γ_i}
-    float *ek = eg + GC;       // (GC) e^{γ_c − γ_i}
-    const int tid = threadIdx.x, j = blockIdx.y, vs0 = blockIdx.x * GSV;
-    const int hk = j / (a.h_v / a.h_k), H = a.h_v, HK = a.h_k;
-    float *Sg = a.state + (size_t)j * D * D + (size_t)vs0 * D;
-    for (int e = tid; e < GSV * D; e += GDN_CHUNK_THREADS) S[(e / D) * DP + e % D] = Sg[e];
-    // The micro-tile owners: (ti + 16p, tl + 16q) of a GC x GC product, (ib + 16p, vs) of GC x GSV.
-    const int ti = tid / 16, tl = tid % 16;
+static size_t gdn_chunk_smem(int d) {
+    return sizeof(float) * ((size_t)2 * GC * (d + 4) + (size_t)GC * GTP + (size_t)GC * GSV + (size_t)GSV * (d + 4) +
+                            4 * GC);
+}
 
-    for (int t0 = 0; t0 < a.n; t0 += GC) {
-        const int c = a.n - t0 < GC ? a.n - t0 : GC;
-        __syncthreads(); // the previous chunk is done with every buffer
-        for (int e = tid; e < GC * D; e += GDN_CHUNK_THREADS) {
-            int i = e / D, x = e % D;
-            Ks[i * DP + x] = i < c ? a.k[((size_t)(t0 + i) * HK + hk) * D + x] : 0.0f;
-        }
-        if (tid < GC) {
-            bet[tid] = tid < c ? a.beta[(size_t)(t0 + tid) * H + j] : 0.0f;
-            gam[tid] = tid < c ? a.g[(size_t)(t0 + tid) * H + j] : 0.0f;
-        }
-        __syncthreads();
-        if (tid == 0) // the cumulative sum in the CPU's order
-            for (int i = 1; i < GC; i++) gam[i] += gam[i - 1];
-        __syncthreads();
-        if (tid < GC) {
-            eg[tid] = expf(gam[tid]);
-            ek[tid] = expf(gam[GC - 1] - gam[tid]);
-        }
-        // A_il = −β_i (k_i·k_l) e^{γ_i − γ_l} for l < i.
-        {
-            float acc[4][4] = {};
-            for (int x = 0; x < D; x++) {
-                float ka[4], kb[4];
+__device__ __forceinline__ float gdn_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// Loads rows t0 .. t0+GC-1 of key head hk of x (n, HK, D) into dst (GC, D + 4); zeros from c on.
+template <int D>
+__device__ __forceinline__ void gdn_load_rows(float *dst, const float *x, int t0, int c, int HK, int hk) {
+    constexpr int KP = D + 4, Q4 = D / 4;
+    for (int e = threadIdx.x; e < GC * Q4; e += GDN_CHUNK_THREADS) {
+        int i = e / Q4, x4 = (e % Q4) * 4;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (i < c) v = *(const float4 *)(x + ((size_t)(t0 + i) * HK + hk) * D + x4);
+        *(float4 *)(dst + i * KP + x4) = v;
+    }
+}
+
+// γ (the cumulative sum in the CPU's order) and β of rows t0 .. t0+GC-1 of value head j.
+__device__ __forceinline__ void gdn_load_gates(float *gam, float *bet, const st_gdn_args &a, int t0, int c, int j) {
+    int tid = threadIdx.x;
+    if (tid < GC) {
+        bet[tid] = tid < c ? a.beta[(size_t)(t0 + tid) * a.h_v + j] : 0.0f;
+        gam[tid] = tid < c ? a.g[(size_t)(t0 + tid) * a.h_v + j] : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int i = 1; i < GC; i++) gam[i] += gam[i - 1];
+    __syncthreads();
+}
+
+// Grid (chunks, value heads): T and M of one chunk of one value head, into
+// tm + (chunk * h_v + j) * 2 * GC * GC: T (GC, GC), then M (GC, GC), row-major, zeros above the
+// diagonal.
+template <int D>
+__global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_prep_kernel(st_gdn_args a, float *tm) {
+    static_assert(GC == 64 && GDN_CHUNK_THREADS == 256, "the micro-tiles below assume these");
+    constexpr int KP = D + 4;
+    extern __shared__ float4 gdn_sm4[];
+    float *Ks = (float *)gdn_sm4; // (GC, KP) keys
+    float *Qs = Ks + GC * KP;     // (GC, KP) queries, then T and the level sums
+    float *A = Qs + GC * KP;      // (GC, GTP)
+    float *gam = A + GC * GTP;    // (GC) γ
+    float *bet = gam + GC;        // (GC) β
+    const int tid = threadIdx.x, ch = blockIdx.x, j = blockIdx.y, t0 = ch * GC;
+    const int hk = j / (a.h_v / a.h_k), c = min(GC, a.n - t0);
+    float *Tg = tm + ((size_t)ch * a.h_v + j) * 2 * GC * GC, *Mg = Tg + GC * GC;
+
+    gdn_load_rows<D>(Ks, a.k, t0, c, a.h_k, hk);
+    gdn_load_rows<D>(Qs, a.q, t0, c, a.h_k, hk);
+    gdn_load_gates(gam, bet, a, t0, c, j); // (its barriers also publish Ks, Qs)
+
+    // K Kᵀ and Q Kᵀ together: thread (ti, tl) owns rows ti + 16p and columns tl + 16q.
+    const int ti = tid / 16, tl = tid % 16;
+    {
+        float aa[4][4] = {}, mm[4][4] = {};
+        for (int x = 0; x < D; x += 4) {
+            float4 kr[4], qr[4], kc[4];
 #pragma unroll
-                for (int p = 0; p < 4; p++) ka[p] = Ks[(ti + 16 * p) * DP + x], kb[p] = Ks[(tl + 16 * p) * DP + x];
-#pragma unroll
-                for (int p = 0; p < 4; p++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) acc[p][q] += ka[p] * kb[q];
+            for (int p = 0; p < 4; p++) {
+                kr[p] = *(const float4 *)(Ks + (ti + 16 * p) * KP + x);
+                qr[p] = *(const float4 *)(Qs + (ti + 16 * p) * KP + x);
+                kc[p] = *(const float4 *)(Ks + (tl + 16 * p) * KP + x);
             }
 #pragma unroll
             for (int p = 0; p < 4; p++)
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    int i = ti + 16 * p, l = tl + 16 * q;
-                    A[i * GC + l] = l < i ? -bet[i] * acc[p][q] * expf(gam[i] - gam[l]) : 0.0f;
-                }
+                for (int q = 0; q < 4; q++) aa[p][q] += gdn_dot4(kr[p], kc[q]), mm[p][q] += gdn_dot4(qr[p], kc[q]);
+        }
+#pragma unroll
+        for (int p = 0; p < 4; p++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int i = ti + 16 * p, l = tl + 16 * q;
+                float dec = l <= i ? expf(gam[i] - gam[l]) : 0.0f;
+                A[i * GTP + l] = l < i ? -bet[i] * aa[p][q] * dec : 0.0f; // A_il = −β_i (k_i·k_l) e^{γ_i − γ_l}
+                Mg[i * GC + l] = l <= i ? mm[p][q] * dec : 0.0f;           // M_il = (q_i·k_l) e^{γ_i − γ_l}
+            }
+    }
+    __syncthreads(); // A complete; the queries are no longer needed
+    // T = (I − A)⁻¹ (unit lower triangular) by blocks of 16: the row-by-row substitution is a
+    // chain of 64 dependent steps, this is 1 + 3 levels of parallel 16 x 16 products:
+    //   diagonal blocks: a column per thread, solved in registers;
+    //   T_ij = T_ii Σ_{k=j}^{i−1} A_ik T_kj for i > j, one diagonal distance d = i − j a level.
+    float *Tm = Qs;            // (GC, GTP)
+    float *Z = Qs + GC * GTP;  // (3, 16, 16) one level's sums
+    if (tid < GC) {
+        const int r0 = (tid / 16) * 16, col = tid % 16;
+        float t[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float v = r == col ? 1.0f : 0.0f;
+#pragma unroll
+            for (int l = 0; l < r; l++) v += A[(r0 + r) * GTP + r0 + l] * t[l];
+            t[r] = v; // 0 above the diagonal (r < col)
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++) Tm[(r0 + r) * GTP + r0 + col] = t[r];
+    }
+    __syncthreads();
+    for (int d = 1; d < 4; d++) {
+        for (int i = d; i < 4; i++) {
+            int jb = i - d;
+            float z = 0;
+            for (int k = jb; k < i; k++)
+#pragma unroll
+                for (int x = 0; x < 16; x++) z += A[(16 * i + ti) * GTP + 16 * k + x] * Tm[(16 * k + x) * GTP + 16 * jb + tl];
+            Z[(i - d) * 256 + tid] = z;
+        }
+        __syncthreads();
+        for (int i = d; i < 4; i++) {
+            int jb = i - d;
+            float t = 0;
+            for (int x = 0; x <= ti; x++) t += Tm[(16 * i + ti) * GTP + 16 * i + x] * Z[(i - d) * 256 + x * 16 + tl];
+            Tm[(16 * i + ti) * GTP + 16 * jb + tl] = t;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < GC * GC; e += GDN_CHUNK_THREADS) {
+        int i = e / GC, l = e % GC;
+        Tg[e] = l <= i ? Tm[i * GTP + l] : 0.0f; // the blocks above the diagonal were never written
+    }
+}
+
+// Grid (D / GSV value slices, value heads), chunk after chunk with the state slice in shared
+// memory. Thread (ri, vq) owns row ri of the (GC, GSV) products with the state, columns vq + 4r;
+// thread (sv, sx) owns state row sv, columns 4 sx + 64 m + {0..3} of the update.
+template <int D>
+__global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_chunk_kernel(st_gdn_args a, const float *tm) {
+    static_assert(GC == 64 && GSV == 16 && GDN_CHUNK_THREADS == 256 && D % 64 == 0, "the tiles below assume these");
+    constexpr int KP = D + 4, SM = D / 64;
+    extern __shared__ float4 gdn_sm4[];
+    float *Ks = (float *)gdn_sm4; // (GC, KP) keys
+    float *Qs = Ks + GC * KP;     // (GC, KP) queries
+    float *TM = Qs + GC * KP;     // (GC, GTP) T, then M
+    float *U = TM + GC * GTP;     // (GC, GSV) β v, then Y, then V'
+    float *S = U + GC * GSV;      // (GSV, KP) the state slice: value rows vs0.., key dims
+    float *gam = S + GSV * KP;    // (GC) γ
+    float *bet = gam + GC;        // (GC) β
+    float *eg = bet + GC;         // (GC) e^{γ_i}
+    float *ek = eg + GC;          // (GC) e^{γ_c − γ_i}
+    const int tid = threadIdx.x, j = blockIdx.y, vs0 = blockIdx.x * GSV;
+    const int hk = j / (a.h_v / a.h_k), H = a.h_v;
+    const int ri = tid / 4, vq = tid % 4, sv = tid / 16, sx = tid % 16;
+    float *Sg = a.state + (size_t)j * D * D + (size_t)vs0 * D;
+    for (int e = tid; e < GSV * D / 4; e += GDN_CHUNK_THREADS) {
+        int r = e / (D / 4), x4 = (e % (D / 4)) * 4;
+        *(float4 *)(S + r * KP + x4) = *(const float4 *)(Sg + r * D + x4);
+    }
+
+    for (int ch = 0, t0 = 0; t0 < a.n; ch++, t0 += GC) {
+        const int c = min(GC, a.n - t0);
+        const float *Tg = tm + ((size_t)ch * H + j) * 2 * GC * GC, *Mg = Tg + GC * GC;
+        __syncthreads(); // the previous chunk is done with every buffer
+        gdn_load_rows<D>(Ks, a.k, t0, c, a.h_k, hk);
+        gdn_load_rows<D>(Qs, a.q, t0, c, a.h_k, hk);
+        for (int e = tid; e < GC * GC / 4; e += GDN_CHUNK_THREADS) {
+            int i = e / (GC / 4), l4 = (e % (GC / 4)) * 4;
+            *(float4 *)(TM + i * GTP + l4) = *(const float4 *)(Tg + i * GC + l4);
+        }
+        gdn_load_gates(gam, bet, a, t0, c, j);
+        if (tid < GC) {
+            eg[tid] = expf(gam[tid]);
+            ek[tid] = expf(gam[GC - 1] - gam[tid]);
         }
         for (int e = tid; e < GC * GSV; e += GDN_CHUNK_THREADS) {
             int i = e / GSV, vs = e % GSV;
             U[e] = i < c ? bet[i] * a.v[((size_t)(t0 + i) * H + j) * D + vs0 + vs] : 0.0f;
         }
-        __syncthreads(); // eg ready; A ready
-        // T = (I − A)⁻¹ (unit lower triangular) in X, by blocks of 16 (the row-by-row substitution
-        // is a chain of 64 dependent steps; this is 1 + 3 levels of parallel 16 x 16 products):
-        //   diagonal blocks: a column per thread, solved in registers;
-        //   T_ij = T_ii Σ_{k=j}^{i−1} A_ik T_kj for i > j, one diagonal distance d = i − j a level.
-        // Then W = T (β e^γ K) and U = T (β v) give V' = U − W Sᵀ = T (β v − β e^γ K Sᵀ), so W
-        // is never formed.
-        float *Tm = X;           // (GC, GC)
-        float *Z = X + GC * GC;  // (3, 16, 16) one level's sums
-        if (tid < GC) {
-            const int r0 = (tid / 16) * 16, col = tid % 16;
-            float t[16];
-#pragma unroll
-            for (int r = 0; r < 16; r++) {
-                float v = r == col ? 1.0f : 0.0f;
-#pragma unroll
-                for (int l = 0; l < r; l++) v += A[(r0 + r) * GC + r0 + l] * t[l];
-                t[r] = v; // 0 above the diagonal (r < col)
-            }
-#pragma unroll
-            for (int r = 0; r < 16; r++) Tm[(r0 + r) * GC + r0 + col] = t[r];
-        }
         __syncthreads();
-        {
-            const int tr = tid / 16, tc = tid % 16;
-            for (int d = 1; d < 4; d++) {
-                for (int i = d; i < 4; i++) {
-                    int jb = i - d;
-                    float z = 0;
-                    for (int k = jb; k < i; k++)
-#pragma unroll
-                        for (int x = 0; x < 16; x++)
-                            z += A[(16 * i + tr) * GC + 16 * k + x] * Tm[(16 * k + x) * GC + 16 * jb + tc];
-                    Z[(i - d) * 256 + tid] = z;
-                }
-                __syncthreads();
-                for (int i = d; i < 4; i++) {
-                    int jb = i - d;
-                    float t = 0;
-                    for (int x = 0; x <= tr; x++) t += Tm[(16 * i + tr) * GC + 16 * i + x] * Z[(i - d) * 256 + x * 16 + tc];
-                    Tm[(16 * i + tr) * GC + 16 * jb + tc] = t;
-                }
-                __syncthreads();
-            }
-        }
-        // Y = β v − β e^γ (K Sᵀ), with the state entering the chunk, in U.
+        // Y = β v − β e^γ (K Sᵀ), with the state entering the chunk.
         {
             float acc[4] = {};
-            for (int x = 0; x < D; x++) {
-                float sv = S[tl * DP + x];
+            for (int x = 0; x < D; x += 4) {
+                float4 k4 = *(const float4 *)(Ks + ri * KP + x);
 #pragma unroll
-                for (int p = 0; p < 4; p++) acc[p] += Ks[(ti + 16 * p) * DP + x] * sv;
+                for (int r = 0; r < 4; r++) acc[r] += gdn_dot4(k4, *(const float4 *)(S + (vq + 4 * r) * KP + x));
             }
+            float f = bet[ri] * eg[ri];
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                int i = ti + 16 * p;
-                U[i * GSV + tl] -= bet[i] * eg[i] * acc[p];
-            }
+            for (int r = 0; r < 4; r++) U[ri * GSV + vq + 4 * r] -= f * acc[r];
         }
         __syncthreads();
-        // V' = T Y (T is lower triangular: l <= i).
+        // V' = T Y (T is lower triangular: l <= ri).
         {
             float acc[4] = {};
+            for (int l = 0; l <= ri; l++) {
+                float t = TM[ri * GTP + l];
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                int i = ti + 16 * p;
-                for (int l = 0; l <= i; l++) acc[p] += Tm[i * GC + l] * U[l * GSV + tl];
+                for (int r = 0; r < 4; r++) acc[r] += t * U[l * GSV + vq + 4 * r];
             }
-            __syncthreads(); // every read of Y is done
+            __syncthreads(); // every read of Y and T is done
 #pragma unroll
-            for (int p = 0; p < 4; p++) U[(ti + 16 * p) * GSV + tl] = acc[p];
+            for (int r = 0; r < 4; r++) U[ri * GSV + vq + 4 * r] = acc[r];
         }
-        __syncthreads(); // T is no longer needed: queries replace it
-        for (int e = tid; e < GC * D; e += GDN_CHUNK_THREADS) {
-            int i = e / D, x = e % D;
-            X[i * DP + x] = i < c ? a.q[((size_t)(t0 + i) * HK + hk) * D + x] : 0.0f;
-        }
-        __syncthreads();
-        // The intra-chunk output mask M_il = (q_i·k_l) e^{γ_i − γ_l} for l ≤ i, into A.
-        {
-            float acc[4][4] = {};
-            for (int x = 0; x < D; x++) {
-                float qa[4], kb[4];
-#pragma unroll
-                for (int p = 0; p < 4; p++) qa[p] = X[(ti + 16 * p) * DP + x], kb[p] = Ks[(tl + 16 * p) * DP + x];
-#pragma unroll
-                for (int p = 0; p < 4; p++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) acc[p][q] += qa[p] * kb[q];
-            }
-#pragma unroll
-            for (int p = 0; p < 4; p++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    int i = ti + 16 * p, l = tl + 16 * q;
-                    A[i * GC + l] = l <= i ? acc[p][q] * expf(gam[i] - gam[l]) : 0.0f;
-                }
+        for (int e = tid; e < GC * GC / 4; e += GDN_CHUNK_THREADS) { // M replaces T
+            int i = e / (GC / 4), l4 = (e % (GC / 4)) * 4;
+            *(float4 *)(TM + i * GTP + l4) = *(const float4 *)(Mg + i * GC + l4);
         }
         __syncthreads();
         // O = diag(e^γ) Q Sᵀ + M V'.
         {
             float acc[4] = {};
-            for (int x = 0; x < D; x++) {
-                float sv = S[tl * DP + x];
+            for (int x = 0; x < D; x += 4) {
+                float4 q4 = *(const float4 *)(Qs + ri * KP + x);
 #pragma unroll
-                for (int p = 0; p < 4; p++) acc[p] += X[(ti + 16 * p) * DP + x] * sv;
+                for (int r = 0; r < 4; r++) acc[r] += gdn_dot4(q4, *(const float4 *)(S + (vq + 4 * r) * KP + x));
             }
+            float o[4];
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                int i = ti + 16 * p;
-                if (i >= c) continue;
-                float o = eg[i] * acc[p];
-                for (int l = 0; l <= i; l++) o += A[i * GC + l] * U[l * GSV + tl];
-                a.out[((size_t)(t0 + i) * H + j) * D + vs0 + tl] = o;
+            for (int r = 0; r < 4; r++) o[r] = eg[ri] * acc[r];
+            for (int l = 0; l <= ri; l++) {
+                float m = TM[ri * GTP + l];
+#pragma unroll
+                for (int r = 0; r < 4; r++) o[r] += m * U[l * GSV + vq + 4 * r];
+            }
+            if (ri < c) {
+                float *out = a.out + ((size_t)(t0 + ri) * H + j) * D + vs0 + vq;
+#pragma unroll
+                for (int r = 0; r < 4; r++) out[4 * r] = o[r];
             }
         }
         __syncthreads(); // every read of the entering state is done
         // S ← e^{γ_c} S + V'ᵀ (diag(e^{γ_c − γ}) K); γ_c = γ of the last row (padding adds 0).
         {
             float ec = expf(gam[GC - 1]);
-            for (int e = tid; e < GSV * D; e += GDN_CHUNK_THREADS) {
-                int vs = e / D, x = e % D;
-                float acc = 0;
-                for (int i = 0; i < c; i++) acc += U[i * GSV + vs] * ek[i] * Ks[i * DP + x];
-                S[vs * DP + x] = ec * S[vs * DP + x] + acc;
+            float4 acc[SM];
+#pragma unroll
+            for (int m = 0; m < SM; m++) acc[m] = make_float4(0, 0, 0, 0);
+            for (int i = 0; i < c; i++) {
+                float u = U[i * GSV + sv] * ek[i];
+#pragma unroll
+                for (int m = 0; m < SM; m++) {
+                    float4 k4 = *(const float4 *)(Ks + i * KP + 4 * sx + 64 * m);
+                    acc[m].x += u * k4.x, acc[m].y += u * k4.y, acc[m].z += u * k4.z, acc[m].w += u * k4.w;
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < SM; m++) {
+                float4 *sp = (float4 *)(S + sv * KP + 4 * sx + 64 * m), s4 = *sp;
+                *sp = make_float4(ec * s4.x + acc[m].x, ec * s4.y + acc[m].y, ec * s4.z + acc[m].z, ec * s4.w + acc[m].w);
             }
         }
     }
     __syncthreads();
-    for (int e = tid; e < GSV * D; e += GDN_CHUNK_THREADS) Sg[e] = S[(e / D) * DP + e % D];
+    for (int e = tid; e < GSV * D / 4; e += GDN_CHUNK_THREADS) {
+        int r = e / (D / 4), x4 = (e % (D / 4)) * 4;
+        *(float4 *)(Sg + r * D + x4) = *(const float4 *)(S + r * KP + x4);
+    }
 }
+
+static bool gdn_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 void st_cuda_gdn_chunked(st_backend *b, const st_gdn_args *a) {
     st_cuda *c = st_cuda_of(b);
     if (a->n <= 0 || !gdn_check(c, a)) return;
-    size_t smem = gdn_chunk_smem(a->d);
-    // The chunked kernel is written for Qwen3-Next's head size; other sizes, and GPUs whose
-    // shared memory is too small for it, take the step form (same results up to rounding).
-    if (a->d != 128 || smem > c->prop.sharedMemPerBlockOptin) {
+    size_t smem = gdn_chunk_smem(a->d), psmem = gdn_prep_smem(a->d);
+    // The chunked kernels are written for Qwen3-Next's head size and 16-byte aligned rows;
+    // other sizes, and GPUs whose shared memory is too small for them, take the step form (same
+    // results up to rounding).
+    if (a->d != 128 || smem > c->prop.sharedMemPerBlockOptin || psmem > c->prop.sharedMemPerBlockOptin ||
+        !gdn_aligned16(a->q) || !gdn_aligned16(a->k) || !gdn_aligned16(a->state)) {
         st_cuda_gdn(b, a);
         return;
     }
+    int nch = (a->n + GC - 1) / GC;
+    float *tm = (float *)st_cuda_scratch(c, ST_SCR_GDN, sizeof(float) * (size_t)nch * a->h_v * 2 * GC * GC);
+    if (!tm) return; // the error is kept
+    ST_CU(c, cudaFuncSetAttribute(gdn_prep_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)psmem));
     ST_CU(c, cudaFuncSetAttribute(gdn_chunk_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    gdn_prep_kernel<128><<<dim3((unsigned)nch, (unsigned)a->h_v), GDN_CHUNK_THREADS, psmem, c->stream>>>(*a, tm);
+    ST_CU_LAUNCHED(c, "gdn_chunked prep");
     dim3 grid((unsigned)(a->d / GSV), (unsigned)a->h_v);
-    gdn_chunk_kernel<128><<<grid, GDN_CHUNK_THREADS, smem, c->stream>>>(*a);
+    gdn_chunk_kernel<128><<<grid, GDN_CHUNK_THREADS, smem, c->stream>>>(*a, tm);
     ST_CU_LAUNCHED(c, "gdn_chunked");
 }
