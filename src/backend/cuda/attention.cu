@@ -311,8 +311,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core attention for prompt chunks (n > ST_CUDA_GRAPH_ROWS; sm_80+, head_dim 64 or 128,
-// f16 or q8_0 cache). Same block shape as attn_kernel (one KV head, TC_BQ = 64 queries
+// Tensor-core attention for prompt chunks (n > ST_CUDA_GRAPH_ROWS; sm_80+, head_dim 64, 128 or
+// 256, f16 or q8_0 cache). Same block shape as attn_kernel (one KV head, TC_BQ = 64 queries
 // qi = row * G + head-in-group, one split of the context) with 4 warps of 16 queries each.
 // Per KV tile of BK = 64 positions, staged in shared memory as f16 (cp.async, double
 // buffered, for an f16 cache; dequantized through registers for q8_0):
@@ -322,7 +322,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
 // f16's 11 bits. Each is split into hi = f16(x) and lo = f16(x − hi) and both multiply (two MMAs),
 // which carries ~22 bits: results stay within float rounding of the FP32 kernel (the tests hold
 // both to the same bounds). That doubles the tensor work, which is still far from the limit.
-// BK is 32 instead where 64 does not fit the block's shared memory (sm_86 / sm_89: 99 KB).
+// BK is 32 instead where 64 does not fit the block's shared memory (sm_86 / sm_89: 99 KB; head_dim
+// 256, ~135 KB: sm_80 and sm_90 only).
 #define TC_BQ 64
 #define TC_WARPS 4
 
@@ -652,16 +653,18 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
     // Prompt chunks on tensor cores where the kernel covers the shape; the FP32 kernel for
     // decode / verify windows (memory-bound), an f32 cache, other head sizes and older GPUs.
-    bool tc = a->n > ST_CUDA_GRAPH_ROWS && c->prop.major >= 8 && (D == 64 || D == 128) &&
+    // Tiles of 64 positions where they fit the shared memory, else 32 (head_dim 128 on sm_86/89,
+    // 256 everywhere).
+    bool tc = a->n > ST_CUDA_GRAPH_ROWS && c->prop.major >= 8 && (D == 64 || D == 128 || D == 256) &&
               (kv->type == ST_KV_F16 || kv->type == ST_KV_Q8_0) && ((uintptr_t)a->q & 15) == 0 &&
               ((uintptr_t)a->out & 7) == 0 && attn_tc_built();
     if (tc) {
         int T = a->pos0 + a->n;
-        bool big = tc_shape<128, 64>::smem <= c->prop.sharedMemPerBlockOptin;
-        if (D == 64) attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
-        else if (big) attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
-        else attn_tc_launch<128, 32>(c, &p, kv->n_head_kv, T);
-        return;
+        size_t optin = c->prop.sharedMemPerBlockOptin;
+        if (D == 64) return attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
+        if (D == 128 && tc_shape<128, 64>::smem <= optin) return attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
+        if (D == 128) return attn_tc_launch<128, 32>(c, &p, kv->n_head_kv, T);
+        if (tc_shape<256, 32>::smem <= optin) return attn_tc_launch<256, 32>(c, &p, kv->n_head_kv, T);
     }
     switch (D / 32) {
 #define CASE(E) case E: attn_dispatch<E>(c, &p, kv->n_head_kv, kv->n_ctx); break;
