@@ -586,11 +586,13 @@ static bool attn_tc_built(void) {
 }
 
 template <int D, int BK>
+// T: the context length the splits are sized for (the cache size for a window that may be
+// recorded: sizes only, never the position).
 static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
     typedef tc_shape<D, BK> S;
     int qt = (p->nq + TC_BQ - 1) / TC_BQ;
-    // Splits only when the grid would not fill the GPU (~2 blocks per multiprocessor): short
-    // chunks late in a long context. Each split gets at least 4 tiles.
+    // Splits only when the grid would not fill the GPU (~2 blocks per multiprocessor): verify
+    // windows and short chunks late in a long context. Each split gets at least 4 tiles.
     int base = n_head_kv * qt, sms = c->prop.multiProcessorCount;
     int ns = (2 * sms + base - 1) / base, useful = (T + 4 * BK - 1) / (4 * BK);
     ns = ns < useful ? ns : useful;
@@ -651,15 +653,17 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
     p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out;
     p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
-    // Prompt chunks on tensor cores where the kernel covers the shape; the FP32 kernel for
-    // decode / verify windows (memory-bound), an f32 cache, other head sizes and older GPUs.
+    // Tensor cores for prompt chunks and for windows of at least a block's 64 queries (a verify
+    // window of 16 rows with 8 queries per KV head is compute-bound in FP32 at long contexts);
+    // the FP32 kernel for smaller windows (memory-bound), an f32 cache, other head sizes and
+    // older GPUs.
     // Tiles of 64 positions where they fit the shared memory, else 32 (head_dim 128 on sm_86/89,
     // 256 everywhere).
-    bool tc = a->n > ST_CUDA_GRAPH_ROWS && c->prop.major >= 8 && (D == 64 || D == 128 || D == 256) &&
-              (kv->type == ST_KV_F16 || kv->type == ST_KV_Q8_0) && ((uintptr_t)a->q & 15) == 0 &&
-              ((uintptr_t)a->out & 7) == 0 && attn_tc_built();
+    bool tc = (a->n > ST_CUDA_GRAPH_ROWS || p.nq >= TC_BQ) && c->prop.major >= 8 &&
+              (D == 64 || D == 128 || D == 256) && (kv->type == ST_KV_F16 || kv->type == ST_KV_Q8_0) &&
+              ((uintptr_t)a->q & 15) == 0 && ((uintptr_t)a->out & 7) == 0 && attn_tc_built();
     if (tc) {
-        int T = a->pos0 + a->n;
+        int T = a->n > ST_CUDA_GRAPH_ROWS ? a->pos0 + a->n : kv->n_ctx;
         size_t optin = c->prop.sharedMemPerBlockOptin;
         if (D == 64) return attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
         if (D == 128 && tc_shape<128, 64>::smem <= optin) return attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
