@@ -298,9 +298,36 @@ __global__ void conv_state_kernel(st_conv_args a) {
         }
 }
 
+// Decode / verify windows: a thread per channel computes its n outputs from the old state, then
+// shifts that channel's state (the same arithmetic as the two kernels above, in one launch).
+__global__ void conv_window_kernel(st_conv_args a) {
+    int C = a.channels, K = a.kernel;
+    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x) {
+        const float *w = a.w + (size_t)ch * K;
+        for (int t = 0; t < a.n; t++) {
+            float s = 0;
+            for (int j = 0; j < K; j++) {
+                int src = t - (K - 1) + j;
+                float xv = src >= 0 ? a.x[(size_t)src * C + ch] : a.state[(size_t)(K - 1 + src) * C + ch];
+                s += w[j] * xv;
+            }
+            a.y[(size_t)t * C + ch] = s / (1.0f + expf(-s));
+        }
+        for (int r = 0; r < K - 1; r++) {
+            int src = a.n - (K - 1) + r;
+            a.state[(size_t)r * C + ch] = src >= 0 ? a.x[(size_t)src * C + ch] : a.state[(size_t)(K - 1 + src) * C + ch];
+        }
+    }
+}
+
 void st_cuda_conv(st_backend *b, const st_conv_args *a) {
     st_cuda *c = st_cuda_of(b);
     if (a->n <= 0 || a->channels <= 0) return;
+    if (a->n <= ST_CUDA_GRAPH_ROWS) {
+        conv_window_kernel<<<(a->channels + 127) / 128, 128, 0, c->stream>>>(*a);
+        ST_CU_LAUNCHED(c, "conv");
+        return;
+    }
     conv_kernel<<<grid_for((int64_t)a->n * a->channels), 256, 0, c->stream>>>(*a);
     ST_CU_LAUNCHED(c, "conv");
     if (a->kernel > 1) {
