@@ -71,16 +71,26 @@ typedef struct attn_params {
     float scale;
 } attn_params;
 
-// Loads cache rows t0 .. t0+TK-1 (zeros at and past t_end: masked scores never read garbage, and
-// p = 0 times a zero stays 0) of head hk, 8 values per thread-step, into dst (TK, stride).
+// A tile of cache rows t0 .. t0+TK-1 of head hk as floats, 8 values per thread-step: fetched
+// into registers (attn_fetch_tile) one tile ahead, so the loads of the next tile are in flight
+// while this one is computed, then stored to shared memory (attn_store_tile). Zeros at and past
+// t_end: masked scores never read garbage, and p = 0 times a zero stays 0.
 template <int D, int TK>
-__device__ void attn_load_tile(float *dst, int stride, const void *cache, const attn_params &p, int hk, int t0,
-                               int t_end) {
-    constexpr int G8 = D / 8; // groups of 8 values per row
-    for (int gi = threadIdx.x; gi < TK * G8; gi += blockDim.x) {
-        int tt = gi / G8, x8 = (gi % G8) * 8, t = t0 + tt;
-        float v[8];
-        if (t < t_end) {
+struct attn_tile {
+    static constexpr int G8 = D / 8;                                           // 8-value groups per row
+    static constexpr int STEPS = (TK * G8 + ATTN_WARPS * 32 - 1) / (ATTN_WARPS * 32); // per thread
+    float v[STEPS][8];
+};
+
+template <int D, int TK>
+__device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void *cache, const attn_params &p,
+                                                int hk, int t0, int t_end) {
+    typedef attn_tile<D, TK> R;
+#pragma unroll
+    for (int k = 0; k < R::STEPS; k++) {
+        int gi = threadIdx.x + k * ATTN_WARPS * 32, tt = gi / R::G8, x8 = (gi % R::G8) * 8, t = t0 + tt;
+        float *v = r.v[k];
+        if (gi < TK * R::G8 && t < t_end) {
             const char *row = (const char *)cache + (size_t)t * p.row_bytes;
             int idx = hk * D + x8; // value index within the cache row
             if (p.kv_type == ST_KV_F16) {
@@ -106,9 +116,20 @@ __device__ void attn_load_tile(float *dst, int stride, const void *cache, const 
 #pragma unroll
             for (int e = 0; e < 8; e++) v[e] = 0.0f;
         }
+    }
+}
+
+// dst (TK, stride).
+template <int D, int TK>
+__device__ __forceinline__ void attn_store_tile(float *dst, int stride, const attn_tile<D, TK> &r) {
+    typedef attn_tile<D, TK> R;
+#pragma unroll
+    for (int k = 0; k < R::STEPS; k++) {
+        int gi = threadIdx.x + k * ATTN_WARPS * 32, tt = gi / R::G8, x8 = (gi % R::G8) * 8;
+        if (gi >= TK * R::G8) break;
         float4 *o = (float4 *)(dst + tt * stride + x8);
-        o[0] = make_float4(v[0], v[1], v[2], v[3]);
-        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        o[0] = make_float4(r.v[k][0], r.v[k][1], r.v[k][2], r.v[k][3]);
+        o[1] = make_float4(r.v[k][4], r.v[k][5], r.v[k][6], r.v[k][7]);
     }
 }
 
@@ -173,10 +194,19 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         for (int e = 0; e < EPL; e++) acc[jj][e] = 0.0f;
     }
     const int tt = lane % TK, part = lane / TK;
+    attn_tile<D, TK> kt, vt;
+    if (t_begin < t_end) {
+        attn_fetch_tile<D, TK>(kt, p.kc, p, hk, t_begin, t_end);
+        attn_fetch_tile<D, TK>(vt, p.vc, p, hk, t_begin, t_end);
+    }
     for (int t0 = t_begin; t0 < t_end; t0 += TK) {
         __syncthreads(); // the previous tile is consumed (and Qs is written, the first time)
-        attn_load_tile<D, TK>(Ks, KST, p.kc, p, hk, t0, t_end);
-        attn_load_tile<D, TK>(Vs, D, p.vc, p, hk, t0, t_end);
+        attn_store_tile<D, TK>(Ks, KST, kt);
+        attn_store_tile<D, TK>(Vs, D, vt);
+        if (t0 + TK < t_end) { // the next tile's loads fly while this one is computed
+            attn_fetch_tile<D, TK>(kt, p.kc, p, hk, t0 + TK, t_end);
+            attn_fetch_tile<D, TK>(vt, p.vc, p, hk, t0 + TK, t_end);
+        }
         __syncthreads();
         if (t0 > wlim) continue; // causal: none of this warp's queries sees this tile
 
