@@ -230,6 +230,16 @@ static void test_matmul_mma(void **state) {
         printf("mma %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
     }
     unsetenv("STRATA_CUQ_DENSE_MMA");
+    // The previous kernels (STRATA_CUQ_OLD=1: separate quantize launch, staged matrix-vector
+    // kernels; still the path for x not 16-byte aligned).
+    setenv("STRATA_CUQ_OLD", "1", 1);
+    static const st_type old_types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_K, ST_TYPE_Q6_K, ST_TYPE_IQ4_XS, ST_TYPE_Q4_1};
+    for (int ti = 0; ti < 5; ti++) {
+        err_stats st = {0, 0, 0};
+        matmul_case(old_types[ti], 129, 768, &st);
+        printf("old %-8s %12.3g %12.3g %12.3f\n", st_type_name(old_types[ti]), st.max_abs, st.max_rel, st.max_ratio);
+    }
+    unsetenv("STRATA_CUQ_OLD");
 }
 
 static void test_matmul(void **state) {
@@ -390,16 +400,18 @@ static void test_moe(void **state) {
         {16, 4, 9, 256, 256, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ3_S, 0.05},
         // Prompt chunks: exact fp32 for F32 experts; f16 in place; widths that end in half a
         // 64-column step and row counts that are not multiples of the 128-row tile.
+        // Every row picks every expert and d is wide: members are quantized in several groups.
+        {4, 4, 16, 4096, 64, ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0, 0.05},
         {16, 4, 40, 256, 128, ST_TYPE_F32, ST_TYPE_F32, ST_TYPE_F32, 1e-4},
         {16, 3, 40, 128, 96, ST_TYPE_F16, ST_TYPE_F16, ST_TYPE_F16, 0.01},
         {16, 4, 33, 288, 96, ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0, 0.05},
         {8, 2, 200, 288, 160, ST_TYPE_Q4_0, ST_TYPE_Q5_1, ST_TYPE_IQ4_NL, 0.05},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
-    // The previous prompt path (dequantize, one cuBLAS GEMM per expert), kept for A/B runs.
+    // The previous paths (windows: plan, quantize, staged kernels; prompts: dequantize, one
+    // cuBLAS GEMM per expert), kept for A/B runs.
     setenv("STRATA_CUQ_OLD", "1", 1);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (cases[i].n > 16) moe_run(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
     unsetenv("STRATA_CUQ_OLD");
 }
 
@@ -544,6 +556,12 @@ static int bench(void) {
             double sec = time_op(mm_fn, &m);
             double gbs = bytes / sec / 1e9;
             printf("   %12.1f %7.0f %5.1f%%", sec * 1e6, gbs, gbs / 40.0);
+            if (st_type_get(t)->quantized) { // the previous kernels, for A/B
+                setenv("STRATA_CUQ_OLD", "1", 1);
+                double so = time_op(mm_fn, &m);
+                unsetenv("STRATA_CUQ_OLD");
+                printf(" (old %5.1f%%)", bytes / so / 4e10);
+            }
             dev_free((void *)m.w.data);
         }
         printf("\n");
@@ -562,8 +580,13 @@ static int bench(void) {
         for (int i = 0; i < 9; i++) {
             m.n = ns[i];
             double sec = time_op(mm_fn, &m);
-            printf("q4_K 4096x4096 n=%-5d %9.1f us %7.0f GB/s %8.1f TFLOPS\n", ns[i], sec * 1e6, bytes / sec / 1e9,
+            printf("q4_K 4096x4096 n=%-5d %9.1f us %7.0f GB/s %8.1f TFLOPS", ns[i], sec * 1e6, bytes / sec / 1e9,
                    2.0 * ns[i] * rows * cols / sec / 1e12);
+            setenv(ns[i] <= 16 ? "STRATA_CUQ_OLD" : "STRATA_CUQ_DENSE_MMA", "1", 1);
+            double s2 = time_op(mm_fn, &m);
+            unsetenv("STRATA_CUQ_OLD");
+            unsetenv("STRATA_CUQ_DENSE_MMA");
+            printf("; %s %9.1f us %7.0f GB/s\n", ns[i] <= 16 ? "old kernels" : "tile GEMM", s2 * 1e6, bytes / s2 / 1e9);
         }
         dev_free((void *)m.w.data);
     }

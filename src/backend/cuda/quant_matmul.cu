@@ -1,7 +1,8 @@
 // backend/cuda: matmul, get_rows and the routed experts over quantized weights. Decode windows
-// (n <= 16): activations quantized on the device to int8 blocks of 32, then one warp per weight
-// row with __dp4a dots against every activation row (weights read once); prompt chunks: weights
-// dequantized to bf16 in pieces and cuBLAS. Unpacking of each type lives in quant_unpack.cuh.
+// (n <= 16): one launch per matrix, each block quantizing its x rows to int8 in shared memory,
+// then warps of __dp4a dots with lanes over consecutive chunks (mmv2, moe2); prompt chunks: a
+// tensor-core tile GEMM over weights dequantized in shared memory (quant_gemm.cuh) for the
+// experts, cuBLAS for dense and float weights. Unpacking of each type lives in quant_unpack.cuh.
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,8 @@ struct st_act {
     const float2 *ds;
     int cols; // multiple of 32
 };
+
+static size_t align_up16(size_t b) { return (b + 15) / 16 * 16; }
 
 static size_t act_bytes(int rows, int cols) {
     size_t qb = ((size_t)rows * cols + 255) / 256 * 256;
@@ -380,6 +383,182 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
 }
 
 // ---------------------------------------------------------------------------------------------
+// matmul, n <= 16, one launch (mmv2): each block quantizes the x rows into shared memory
+// itself (windows of up to ST_MV_FUSED_MAX rows; larger ones read x quantized once by a
+// separate kernel into the same layout in global memory), then each warp computes ST_MV_R
+// weight rows: lanes take consecutive chunks, so the warp's loads cover consecutive blocks of
+// the rows, read straight from global memory; each x chunk read serves ST_MV_R rows.
+
+#define ST_MV_WARPS 4
+#define ST_MV_R 2
+#define ST_MV_ROWS (ST_MV_WARPS * ST_MV_R)
+#define ST_MV_FUSED_MAX 4          // beyond: redundant per-block quantization costs more L2 reads than it saves
+#define ST_MV_SMEM_MAX (48 * 1024) // static limit of dynamic shared memory without an opt-in
+
+// Quantized x in the split layout: row j's q (cols bytes) holds the first 16 values of every
+// chunk (16 bytes per chunk), then the second 16 of every chunk, so lanes reading consecutive
+// chunks read consecutive 16-byte words (no bank conflicts); ds (nchunk float2) per row.
+// Values as quantize_q8_kernel: scale amax/127, round half away from zero.
+// Row j of the window is x row j, or rl[j] / rdiv when a row list is given (experts' members).
+__device__ __forceinline__ void quant_split(const float *x, int64_t ldx, const int *rl, int rdiv, int nx, int cols,
+                                            int8_t *q, float2 *ds, int tid, int nthreads) {
+    int nchunk = cols / 32, groups = nx * nchunk;
+    int lane = tid & 31, l8 = lane & 7;
+    // Four chunks per warp and step, eight lanes per chunk, four floats per lane; every lane
+    // runs every step (the shuffles need the whole warp). U steps' loads are issued together.
+    constexpr int U = 4;
+    int stride = (nthreads >> 5) * 4;
+    for (int g0 = (tid >> 5) * 4; g0 < groups; g0 += stride * U) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int g = g0 + u * stride + (lane >> 3);
+            v[u] = make_float4(0, 0, 0, 0);
+            if (g < groups) {
+                int j = g / nchunk, xrow = rl ? rl[j] / rdiv : j;
+                v[u] = *(const float4 *)(x + (size_t)xrow * ldx + (size_t)(g % nchunk) * 32 + 4 * l8);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int g = g0 + u * stride + (lane >> 3);
+            float amax = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+            float sum = v[u].x + v[u].y + v[u].z + v[u].w;
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) {
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            }
+            float d = amax / 127.0f;
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint32_t b0 = (uint8_t)(int8_t)roundf(v[u].x * id), b1 = (uint8_t)(int8_t)roundf(v[u].y * id);
+            uint32_t b2 = (uint8_t)(int8_t)roundf(v[u].z * id), b3 = (uint8_t)(int8_t)roundf(v[u].w * id);
+            if (g < groups) {
+                int j = g / nchunk, c = g % nchunk;
+                int8_t *qr = q + (size_t)j * cols + (l8 >> 2) * (cols / 2) + c * 16 + (l8 & 3) * 4;
+                *(uint32_t *)qr = b0 | b1 << 8 | b2 << 16 | b3 << 24;
+                if (l8 == 0) ds[(size_t)j * nchunk + c] = make_float2(d, sum);
+            }
+        }
+    }
+}
+
+__global__ void quant_split_kernel(const float *x, int nx, int cols, int8_t *q, float2 *ds) {
+    // One block per x row.
+    int j = blockIdx.x;
+    quant_split(x + (size_t)j * cols, cols, NULL, 1, 1, cols, q + (size_t)j * cols, ds + (size_t)j * (cols / 32),
+                threadIdx.x, blockDim.x);
+    (void)nx;
+}
+
+// Chunk dot with the x chunk given (split halves x0, x1 and its {scale, sum}).
+template <int T>
+__device__ __forceinline__ float chunk_dot_x(const st_wchunk &w, int4 x0, int4 x1, float2 ds) {
+    int d0 = __dp4a(w.q[0], x0.x, __dp4a(w.q[1], x0.y, __dp4a(w.q[2], x0.z, __dp4a(w.q[3], x0.w, 0))));
+    int d1 = __dp4a(w.q[4], x1.x, __dp4a(w.q[5], x1.y, __dp4a(w.q[6], x1.z, __dp4a(w.q[7], x1.w, 0))));
+    float v = w.s0 * (float)d0 + w.s1 * (float)d1;
+    if (st_qt<T>::HAS_MIN) {
+        const int ones = 0x01010101;
+        int s0 = __dp4a(ones, x0.x, __dp4a(ones, x0.y, __dp4a(ones, x0.z, __dp4a(ones, x0.w, 0))));
+        int s1 = __dp4a(ones, x1.x, __dp4a(ones, x1.y, __dp4a(ones, x1.z, __dp4a(ones, x1.w, 0))));
+        v += w.m0 * (float)s0 + w.m1 * (float)s1;
+    }
+    return ds.x * v;
+}
+
+struct st_mv2_args {
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t rows;
+    int cols, nx;
+    const float *x;     // (nx, cols) floats: quantized by each block when fused
+    const int8_t *xq;   // otherwise: quantized x in the split layout (global memory)
+    const float2 *xds;
+    bool fused;
+    float *y;           // (nx, rows)
+};
+
+template <int T, int NX>
+__global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
+    extern __shared__ __align__(16) uint8_t mv_smem[];
+    int nchunk = p.cols / 32, nx = p.nx;
+    const int8_t *xq = p.xq;
+    const float2 *xds = p.xds;
+    if (p.fused) {
+        int8_t *sq = (int8_t *)mv_smem;
+        float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
+        quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x);
+        __syncthreads();
+        xq = sq;
+        xds = sds;
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t r0 = (int64_t)blockIdx.x * ST_MV_ROWS + warp * ST_MV_R;
+    if (r0 >= p.rows) return;
+    const uint8_t *wr[ST_MV_R];
+#pragma unroll
+    for (int i = 0; i < ST_MV_R; i++) wr[i] = p.w + (size_t)(r0 + i < p.rows ? r0 + i : r0) * p.row_bytes;
+    float acc[ST_MV_R][NX];
+#pragma unroll
+    for (int i = 0; i < ST_MV_R; i++)
+#pragma unroll
+        for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
+    int half = p.cols / 2;
+    for (int c = lane; c < nchunk; c += 32) {
+        st_wchunk w[ST_MV_R];
+#pragma unroll
+        for (int i = 0; i < ST_MV_R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            if (j < nx) {
+                const int8_t *q = xq + (size_t)j * p.cols + c * 16;
+                int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
+                float2 ds = xds[(size_t)j * nchunk + c];
+#pragma unroll
+                for (int i = 0; i < ST_MV_R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ST_MV_R; i++)
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float s = warp_sum_q(acc[i][j]);
+            if (lane == 0 && j < nx && r0 + i < p.rows) p.y[(size_t)j * p.rows + r0 + i] = s;
+        }
+}
+
+// Quantized weights, n <= 16: false when this path does not apply (x not 16-byte aligned).
+template <int T>
+static bool mmv2_launch(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
+    if (((uintptr_t)x & 15) || w->cols % 32) return false;
+    st_mv2_args p = {(const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, n, x, NULL, NULL, false, y};
+    size_t xbytes = (size_t)n * w->cols + sizeof(float2) * (size_t)n * (w->cols / 32);
+    size_t smem = 0;
+    if (n <= ST_MV_FUSED_MAX && xbytes <= ST_MV_SMEM_MAX) {
+        p.fused = true;
+        smem = xbytes;
+    } else {
+        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ACT, align_up16((size_t)n * w->cols) + sizeof(float2) * (size_t)n * (w->cols / 32));
+        if (!buf) return true; // error kept
+        p.xq = (const int8_t *)buf;
+        p.xds = (const float2 *)(buf + align_up16((size_t)n * w->cols));
+        quant_split_kernel<<<n, 256, 0, c->stream>>>(x, n, (int)w->cols, (int8_t *)p.xq, (float2 *)p.xds);
+        ST_CU_LAUNCHED(c, "quant_split_kernel");
+    }
+    dim3 grid((unsigned)((w->rows + ST_MV_ROWS - 1) / ST_MV_ROWS));
+#define L(NX) mmv2_kernel<T, NX><<<grid, 32 * ST_MV_WARPS, smem, c->stream>>>(p)
+    if (n == 1) L(1);
+    else if (n == 2) L(2);
+    else if (n <= 4) L(4);
+    else if (n <= 8) L(8);
+    else L(16);
+#undef L
+    ST_CU_LAUNCHED(c, "mmv2_kernel");
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dequantization: chunk by chunk (one thread per 32 elements) to f32 or bf16.
 
 template <typename O> __device__ __forceinline__ void store8(O *y, const float v[8]);
@@ -656,6 +835,16 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
         matmul_gemm(c, w, x, n, y);
         return;
     }
+    if (!is_float_type(w->type) && !env_on("STRATA_CUQ_OLD")) {
+        bool done = false;
+        switch (w->type) {
+#define CASE(T) case T: done = mmv2_launch<T>(c, w, x, n, y); break;
+            ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+        default: break;
+        }
+        if (done) return;
+    }
     st_mv_in in = {{NULL, NULL, 0}, x, w->cols};
     if (!is_float_type(w->type)) {
         in.a = quantize_act(c, ST_SCR_ACT, x, n, (int)w->cols);
@@ -926,6 +1115,218 @@ static void moe_mv_any(st_cuda *c, st_type t, const st_moe_small &p, int n, bool
 }
 
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts, n <= 16, three launches (moe2): the gate/up kernel and the down kernel each
+// work out their slot's expert and members from ids themselves (the plan is a few hundred
+// comparisons in shared memory) and quantize only their members' rows into shared memory;
+// the combine kernel sums the weighted outputs. Grid (row tiles, slot u < n*k) as before.
+
+#define ST_MOE2_WARPS 8
+#define ST_MOE2_SMEM_MAX (32 * 1024) // dynamic: the quantized member rows (static: the plan, 12 KB)
+
+struct st_moe2_args {
+    const int32_t *ids;
+    int na, k, n_expert;
+    const uint8_t *wg, *wu; // expert 0 of gate and up (gate/up kernel) or of down (wg only)
+    size_t g_row_bytes, g_mat, u_row_bytes, u_mat;
+    int64_t rows;
+    int cols;
+    const float *x;  // gate/up: x (n, cols), member a reads row a / k; down: h (na, cols), row a
+    int rdiv;        // k (gate/up) or 1 (down)
+    int gcap;        // members quantized and computed at a time (<= NX; shared memory bound)
+    float *out;      // (na, rows) by assignment
+};
+
+// Slot blockIdx.y's expert (*e) and members (s_asg, ascending): the u-th distinct valid expert
+// in order of first appearance, as moe_plan_kernel numbers them. Returns the member count
+// (0: an idle slot, the same for every thread of the block).
+__device__ int moe2_members(const st_moe2_args &p, int *s_e, int *s_lead, int *s_asg, int *e) {
+    __shared__ int s_sel, s_m;
+    int tid = threadIdx.x, nt = blockDim.x, na = p.na;
+    for (int a = tid; a < na; a += nt) {
+        int v = p.ids[a];
+        s_e[a] = v >= 0 && v < p.n_expert ? v : -1;
+    }
+    if (tid == 0) s_sel = -1;
+    __syncthreads();
+    for (int a = tid; a < na; a += nt) {
+        int v = s_e[a];
+        bool lead = v >= 0;
+        for (int i = 0; i < a && lead; i++) lead = s_e[i] != v;
+        s_lead[a] = lead;
+    }
+    __syncthreads();
+    for (int a = tid; a < na; a += nt) {
+        if (!s_lead[a]) continue;
+        int rank = 0;
+        for (int i = 0; i < a; i++) rank += s_lead[i];
+        if (rank == (int)blockIdx.y) s_sel = s_e[a];
+    }
+    __syncthreads();
+    int sel = s_sel;
+    if (sel < 0) return 0;
+    if (tid < 32) {
+        int cnt = 0;
+        for (int a0 = 0; a0 < na; a0 += 32) {
+            int a = a0 + tid;
+            bool hit = a < na && s_e[a] == sel;
+            unsigned mask = __ballot_sync(0xffffffffu, hit);
+            if (hit) s_asg[cnt + __popc(mask & ((1u << tid) - 1))] = a;
+            cnt += __popc(mask);
+        }
+        if (tid == 0) s_m = cnt;
+    }
+    __syncthreads();
+    *e = sel;
+    return s_m;
+}
+
+// GATE: out = silu(gate · x) · (up · x), one gate/up row pair per warp; else out = W · x, two
+// rows per warp.
+template <int T, int NX, bool GATE>
+__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
+    __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX], s_asg[ST_CUQ_PLAN_MAX];
+    extern __shared__ __align__(16) uint8_t moe2_smem[];
+    int e, m = moe2_members(p, s_e, s_lead, s_asg, &e);
+    if (m == 0) return;
+    constexpr int R = 2; // weight rows per warp: gate and up of one row, or two rows
+    constexpr int ROWS = GATE ? ST_MOE2_WARPS : 2 * ST_MOE2_WARPS;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t r0 = (int64_t)blockIdx.x * ROWS + (GATE ? warp : 2 * warp);
+    const uint8_t *wr[R];
+    if (GATE) {
+        int64_t r = r0 < p.rows ? r0 : 0;
+        wr[0] = p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
+        wr[1] = p.wu + (size_t)e * p.u_mat + (size_t)r * p.u_row_bytes;
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            wr[i] = p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
+    }
+    int nchunk = p.cols / 32, half = p.cols / 2;
+    int8_t *sq = (int8_t *)moe2_smem;
+    float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
+    for (int g0 = 0; g0 < m; g0 += p.gcap) {
+        int gn = m - g0 < p.gcap ? m - g0 : p.gcap;
+        if (g0 > 0) __syncthreads(); // the previous group's rows are no longer read
+        quant_split(p.x, p.cols, s_asg + g0, p.rdiv, gn, p.cols, sq, sds, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (r0 >= p.rows) continue;
+        float acc[R][NX];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+#pragma unroll
+            for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
+        for (int c = lane; c < nchunk; c += 32) {
+            st_wchunk w[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+                if (j < gn) {
+                    const int8_t *q = sq + (size_t)j * p.cols + c * 16;
+                    int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
+                    float2 ds = sds[(size_t)j * nchunk + c];
+#pragma unroll
+                    for (int i = 0; i < R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float s0 = warp_sum_q(acc[0][j]), s1 = warp_sum_q(acc[1][j]);
+            if (lane == 0 && j < gn) {
+                float *o = p.out + (size_t)s_asg[g0 + j] * p.rows + r0;
+                if (GATE) {
+                    o[0] = s0 / (1.0f + expf(-s0)) * s1;
+                } else {
+                    o[0] = s0;
+                    if (r0 + 1 < p.rows) o[1] = s1;
+                }
+            }
+        }
+    }
+}
+
+template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
+    constexpr int ROWS = GATE ? ST_MOE2_WARPS : 2 * ST_MOE2_WARPS;
+    dim3 grid((unsigned)((p.rows + ROWS - 1) / ROWS), (unsigned)p.na);
+    size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
+#define L(NX) moe2_kernel<T, NX, GATE><<<grid, 32 * ST_MOE2_WARPS, smem, c->stream>>>(p)
+    if (n == 1) L(1);
+    else if (n <= 4) L(4);
+    else L(16);
+#undef L
+    ST_CU_LAUNCHED(c, "moe2_kernel");
+}
+
+// The one-launch-per-matrix experts: quantized gate == up types and a quantized down, x
+// 16-byte aligned. False when it does not apply (the caller runs moe_small).
+static bool moe_small2(st_cuda *c, const st_moe_args *a) {
+    const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
+    int n = a->n, k = a->k, na = n * k, E = (int)gate->n;
+    int64_t d = gate->cols, F = gate->rows;
+    if (env_on("STRATA_CUQ_OLD") || gate->type != up->type || is_float_type(gate->type) ||
+        is_float_type(down->type) || ((uintptr_t)a->x & 15) || na > ST_CUQ_PLAN_MAX || d % 32 || F % 32)
+        return false;
+    int nxt = n == 1 ? 1 : n <= 4 ? 4 : 16;
+    int cap_g = (int)(ST_MOE2_SMEM_MAX / (d + d / 4)), cap_d = (int)(ST_MOE2_SMEM_MAX / (F + F / 4));
+    if (cap_g < 1 || cap_d < 1) return false;
+    // MOE: h (na, F) | o (na, d)
+    size_t h_b = align256(sizeof(float) * (size_t)na * F);
+    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, h_b + sizeof(float) * (size_t)na * d);
+    if (!m) return true; // error kept
+    float *h = (float *)m, *o = (float *)(m + h_b);
+
+    st_moe2_args p = {};
+    p.ids = a->ids;
+    p.na = na;
+    p.k = k;
+    p.n_expert = E;
+    p.wg = (const uint8_t *)gate->data;
+    p.wu = (const uint8_t *)up->data;
+    p.g_row_bytes = gate->row_bytes;
+    p.g_mat = gate->mat_bytes;
+    p.u_row_bytes = up->row_bytes;
+    p.u_mat = up->mat_bytes;
+    p.rows = F;
+    p.cols = (int)d;
+    p.x = a->x;
+    p.rdiv = k;
+    p.gcap = cap_g < nxt ? cap_g : nxt;
+    p.out = h;
+    switch (gate->type) {
+#define CASE(T) case T: moe2_launch<T, true>(c, p, n); break;
+        ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+    default: break;
+    }
+
+    st_moe2_args q = p;
+    q.wg = (const uint8_t *)down->data;
+    q.wu = NULL;
+    q.g_row_bytes = down->row_bytes;
+    q.g_mat = down->mat_bytes;
+    q.rows = d;
+    q.cols = (int)F;
+    q.x = h;
+    q.rdiv = 1;
+    q.gcap = cap_d < nxt ? cap_d : nxt;
+    q.out = o;
+    switch (down->type) {
+#define CASE(T) case T: moe2_launch<T, false>(c, q, n); break;
+        ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+    default: break;
+    }
+
+    int64_t ny = (int64_t)n * d;
+    moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, NULL, a->ids, a->weights, n, k, E,
+                                                                              (int)d, a->y);
+    ST_CU_LAUNCHED(c, "moe_combine_kernel");
+    return true;
+}
 
 static void moe_small(st_cuda *c, const st_moe_args *a) {
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
@@ -1283,7 +1684,7 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
         return;
     }
     if (a->n <= ST_CUDA_GRAPH_ROWS) {
-        moe_small(c, a);
+        if (!moe_small2(c, a)) moe_small(c, a);
     } else {
         if (c->capturing) {
             CUQ_FAIL(c, "moe of %d rows while recording a graph (at most %d)", a->n, ST_CUDA_GRAPH_ROWS);
