@@ -286,25 +286,57 @@ __device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
     return min(ns, (T + chunk - 1) / chunk);
 }
 
-// One block per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s over the active
-// splits. Splits that saw no position (m = −inf) are skipped; split 0 always sees position 0.
-__global__ void attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const int32_t *pos_dev,
-                                    int n, int align) {
-    int rh = blockIdx.x;
+// One block of ATTN_COMBINE_THREADS per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s
+// over the active splits (at most 256: the launchers cap ns). Splits that saw no position
+// (m = −inf) weigh 0; split 0 always sees position 0. The splits are spread over the threads
+// (weights first, then each dim's sum in ATTN_COMBINE_THREADS / D groups of splits), so a long
+// context's hundred splits cost a few rounds of independent loads, not a hundred dependent ones.
+#define ATTN_COMBINE_THREADS 256
+
+__device__ float attn_block_reduce(float v, bool is_max, float *red) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads(); // red may still be read by a previous call
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = is_max ? -INFINITY : 0.0f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) v = is_max ? fmaxf(v, red[i]) : v + red[i];
+    return v;
+}
+
+__global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const int32_t *pos_dev, int n, int align) {
+    __shared__ float fs[256];                    // e^{m_s − M}
+    __shared__ float sums[ATTN_COMBINE_THREADS]; // (groups, D) partial sums
+    __shared__ float red[32];
+    const int rh = blockIdx.x, tid = threadIdx.x;
+    const size_t ss = (size_t)nh * (D + 2); // from one split to the next
+    const float *base = part + (size_t)rh * (D + 2);
     ns = attn_active_splits(*pos_dev + n, ns, align);
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, part[((size_t)s * nh + rh) * (D + 2)]);
-    for (int x = threadIdx.x; x < D; x += blockDim.x) {
-        float a = 0.0f, l = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            const float *pp = part + ((size_t)s * nh + rh) * (D + 2);
-            float ms = pp[0];
-            if (ms == -INFINITY) continue;
-            float f = expf(ms - M);
-            l += pp[1] * f;
-            a += pp[2 + x] * f;
-        }
-        out[(size_t)rh * D + x] = a / l;
+    float m = -INFINITY;
+    for (int s = tid; s < ns; s += blockDim.x) m = fmaxf(m, base[s * ss]);
+    const float M = attn_block_reduce(m, true, red);
+    float l = 0.0f;
+    for (int s = tid; s < ns; s += blockDim.x) {
+        float ms = base[s * ss], f = ms == -INFINITY ? 0.0f : expf(ms - M);
+        fs[s] = f;
+        l += base[s * ss + 1] * f; // every active split wrote finite values (zeros when it saw nothing)
+    }
+    const float L = attn_block_reduce(l, false, red); // (its barriers publish fs)
+    const int groups = blockDim.x / D, g = tid / D, x = tid % D; // D <= 256: at least one group
+    float a = 0.0f;
+    if (g < groups) {
+#pragma unroll 4
+        for (int s = g; s < ns; s += groups) a += base[s * ss + 2 + x] * fs[s];
+        sums[g * D + x] = a;
+    }
+    __syncthreads();
+    if (g == 0) {
+        for (int k = 1; k < groups; k++) a += sums[k * D + x];
+        out[(size_t)rh * D + x] = a / L;
     }
 }
 
@@ -334,8 +366,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     attn_kernel<EPL, QPW><<<grid, ATTN_WARPS * 32, S::smem, c->stream>>>(*p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1) {
-        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D, ns, p->pos_dev,
-                                                                  p->n, p->min_chunk);
+        attn_combine_kernel<<<p->n * p->H, ATTN_COMBINE_THREADS, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D,
+                                                                                   ns, p->pos_dev, p->n, p->min_chunk);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
@@ -639,8 +671,8 @@ static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
     attn_tc_kernel<D, BK><<<grid, TC_WARPS * 32, S::smem, c->stream>>>(*p);
     ST_CU_LAUNCHED(c, "attention (tensor cores)");
     if (ns > 1) {
-        attn_combine_kernel<<<p->n * p->H, 128, 0, c->stream>>>(p->part, p->out, p->n * p->H, D, ns, p->pos_dev, p->n,
-                                                                  BK);
+        attn_combine_kernel<<<p->n * p->H, ATTN_COMBINE_THREADS, 0, c->stream>>>(p->part, p->out, p->n * p->H, D, ns,
+                                                                                   p->pos_dev, p->n, BK);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
