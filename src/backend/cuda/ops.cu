@@ -81,10 +81,13 @@ __global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, in
 }
 
 // One block per row (model-width rows), optionally with the residual add before it (y != NULL:
-// x += y is written back, then normalized). Pass 1 sums squares (writing x + y back); pass 2
-// rereads the row each thread itself touched (L1/L2-resident), so out may alias x. 16-byte
-// accesses when the row allows them (d % 4 == 0, aligned pointers). 128 threads: a 2048-wide
-// row is 4 float4 per thread, and fewer warps keep the block reduction short.
+// x += y is written back, then normalized). 16-byte accesses when the row allows them
+// (d % 4 == 0, aligned pointers): the first RMS_KEEP float4 of each thread stay in registers
+// between the sum of squares and the scaling (a 2048-wide row over 128 threads is 4 each), so
+// the row is read once; the rest, and rows that are not 16-byte aligned, are reread (each
+// thread rereads what it wrote: out may alias x). 128 threads keep the block reduction short.
+#define RMS_KEEP 8
+
 __global__ void rmsnorm_row_kernel(float *x, const float *y, const float *w, float *out, int d, float eps,
                                    bool vec4) {
     size_t off = (size_t)blockIdx.x * d;
@@ -92,10 +95,25 @@ __global__ void rmsnorm_row_kernel(float *x, const float *y, const float *w, flo
     const float *yr = y ? y + off : NULL;
     float ss = 0;
     if (vec4) {
-        float4 *x4 = (float4 *)xr;
-        const float4 *y4 = (const float4 *)yr;
-#pragma unroll 4
-        for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
+        float4 *x4 = (float4 *)xr, *n4 = (float4 *)nr;
+        const float4 *y4 = (const float4 *)yr, *w4 = (const float4 *)w;
+        const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
+        float4 keep[RMS_KEEP];
+#pragma unroll
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < d4) {
+                float4 a = x4[j];
+                if (y4) {
+                    float4 c = y4[j];
+                    a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                    x4[j] = a;
+                }
+                keep[k] = a;
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            }
+        }
+        for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
             float4 a = x4[j];
             if (y4) {
                 float4 c = y4[j];
@@ -104,26 +122,30 @@ __global__ void rmsnorm_row_kernel(float *x, const float *y, const float *w, flo
             }
             ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
-    } else {
-        for (int j = threadIdx.x; j < d; j += blockDim.x) {
-            float a = xr[j];
-            if (yr) a += yr[j], xr[j] = a;
-            ss += a * a;
+        ss = block_sum(ss);
+        float s = 1.0f / sqrtf(ss / d + eps);
+#pragma unroll
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < d4) {
+                float4 a = keep[k], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
+                n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+            }
         }
+        for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
+            float4 a = x4[j], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
+            n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+        }
+        return;
+    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float a = xr[j];
+        if (yr) a += yr[j], xr[j] = a;
+        ss += a * a;
     }
     ss = block_sum(ss);
     float s = 1.0f / sqrtf(ss / d + eps);
-    if (vec4) {
-        const float4 *x4 = (const float4 *)xr, *w4 = (const float4 *)w;
-        float4 *n4 = (float4 *)nr;
-#pragma unroll 4
-        for (int j = threadIdx.x; j < d / 4; j += blockDim.x) {
-            float4 a = x4[j], g = w ? w4[j] : make_float4(1, 1, 1, 1);
-            n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
-        }
-    } else {
-        for (int j = threadIdx.x; j < d; j += blockDim.x) nr[j] = xr[j] * s * (w ? w[j] : 1.0f);
-    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) nr[j] = xr[j] * s * (w ? w[j] : 1.0f);
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
