@@ -217,6 +217,12 @@ static void matmul_case(st_type t, int64_t rows, int64_t cols, err_stats *st) {
     free(w), free(wf), free(x), free(yc), free(yg), free(amax);
 }
 
+// STRATA_TEST_QUICK=1 (the sanitizer runs): skip the A/B reruns of the previous kernels.
+static bool quick(void) {
+    const char *v = getenv("STRATA_TEST_QUICK");
+    return v && v[0] == '1';
+}
+
 // Dense quantized prompt matmuls through the tensor-core tile GEMM (STRATA_CUQ_DENSE_MMA=1).
 static void test_matmul_mma(void **state) {
     (void)state;
@@ -230,6 +236,7 @@ static void test_matmul_mma(void **state) {
         printf("mma %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
     }
     unsetenv("STRATA_CUQ_DENSE_MMA");
+    if (quick()) return;
     // The previous kernels (STRATA_CUQ_OLD=1: separate quantize launch, staged matrix-vector
     // kernels; still the path for x not 16-byte aligned).
     setenv("STRATA_CUQ_OLD", "1", 1);
@@ -410,6 +417,7 @@ static void test_moe(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
     // The previous paths (windows: plan, quantize, staged kernels; prompts: dequantize, one
     // cuBLAS GEMM per expert), kept for A/B runs.
+    if (quick()) return; // under the sanitizers: the current paths only
     setenv("STRATA_CUQ_OLD", "1", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
     unsetenv("STRATA_CUQ_OLD");
