@@ -201,6 +201,12 @@ void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scal
 __global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const int32_t *pos, float base, int hpb) {
     extern __shared__ float cs[]; // (half) cos, then (half) sin
     int i = blockIdx.x, half = n_rot / 2;
+    int h0 = blockIdx.y * hpb, nh = min(n_head - h0, hpb);
+    // This thread's first pair is loaded before the angles are computed (the loads fly meanwhile).
+    int e0 = threadIdx.x, k0 = e0 % half;
+    bool first = e0 < nh * half;
+    float *xh0 = x + ((size_t)i * n_head + h0 + (first ? e0 / half : 0)) * head_dim;
+    float a0 = first ? xh0[k0] : 0.0f, a1 = first ? xh0[k0 + half] : 0.0f;
     double p = (double)pos[i];
     for (int k = threadIdx.x; k < half; k += blockDim.x) {
         double sn, cn;
@@ -209,8 +215,12 @@ __global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const
         cs[half + k] = (float)sn;
     }
     __syncthreads();
-    int h0 = blockIdx.y * hpb, nh = min(n_head - h0, hpb);
-    for (int e = threadIdx.x; e < nh * half; e += blockDim.x) {
+    if (first) {
+        float c = cs[k0], s = cs[half + k0];
+        xh0[k0] = a0 * c - a1 * s;
+        xh0[k0 + half] = a1 * c + a0 * s;
+    }
+    for (int e = threadIdx.x + blockDim.x; e < nh * half; e += blockDim.x) {
         int h = h0 + e / half, k = e % half;
         float *xh = x + ((size_t)i * n_head + h) * head_dim;
         float c = cs[k], s = cs[half + k];
@@ -232,16 +242,26 @@ void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int 
 }
 
 // Per-head rmsnorm then rope (Qwen3's q / k norms), one kernel: block (row i, group of heads),
-// a warp per head. The head goes to shared memory, is normalized there (the same float
-// rounding as rmsnorm writing x, then rope reading it), then rotated with the row's angles,
-// computed in double as rope_kernel does.
+// a warp per head. The head's values are loaded into registers first (in flight while the
+// row's angles are computed, in double as rope_kernel does), normalized into shared memory (the
+// same float rounding as rmsnorm writing x, then rope reading it), then rotated.
 #define NORM_ROPE_WARPS 8
+#define NORM_ROPE_EPL 8 // values per lane in registers: head_dim up to 256
 
 __global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_dim, int n_rot, const int32_t *pos,
                                  float base, float eps) {
     extern __shared__ float sm[]; // (n_rot/2) cos, (n_rot/2) sin, then (warps, head_dim) heads
     int i = blockIdx.x, half = n_rot / 2, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     float *cs = sm, *hs = sm + 2 * half + wp * head_dim;
+    int h = blockIdx.y * NORM_ROPE_WARPS + wp;
+    bool live = h < n_head; // whole warps
+    float *xh = x + ((size_t)i * n_head + (live ? h : 0)) * head_dim;
+    float v[NORM_ROPE_EPL];
+#pragma unroll
+    for (int k = 0; k < NORM_ROPE_EPL; k++) {
+        int j = lane + 32 * k;
+        v[k] = live && j < head_dim ? xh[j] : 0.0f;
+    }
     double p = (double)pos[i];
     for (int k = threadIdx.x; k < half; k += blockDim.x) {
         double sn, cn;
@@ -249,20 +269,18 @@ __global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_
         cs[k] = (float)cn;
         cs[half + k] = (float)sn;
     }
-    __syncthreads();
-    int h = blockIdx.y * NORM_ROPE_WARPS + wp;
-    if (h >= n_head) return;
-    float *xh = x + ((size_t)i * n_head + h) * head_dim;
     float ss = 0;
-    for (int j = lane; j < head_dim; j += 32) {
-        float v = xh[j];
-        hs[j] = v;
-        ss += v * v;
-    }
+#pragma unroll
+    for (int k = 0; k < NORM_ROPE_EPL; k++) ss += v[k] * v[k];
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / head_dim + eps);
-    for (int j = lane; j < head_dim; j += 32) hs[j] = hs[j] * s * (w ? w[j] : 1.0f);
-    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < NORM_ROPE_EPL; k++) {
+        int j = lane + 32 * k;
+        if (live && j < head_dim) hs[j] = v[k] * s * (w ? w[j] : 1.0f);
+    }
+    __syncthreads(); // the angles and this warp's head are ready
+    if (!live) return;
     for (int k = lane; k < half; k += 32) {
         float c = cs[k], sn = cs[half + k], x0 = hs[k], x1 = hs[k + half];
         xh[k] = x0 * c - x1 * sn;
@@ -275,17 +293,14 @@ void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_hea
                        const int32_t *pos, float base, float eps) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || n_head <= 0 || head_dim <= 0) return;
-    if (n_rot < 2) { // nothing to rotate: the norm alone
+    if (n_rot < 2 || head_dim > 32 * NORM_ROPE_EPL) { // nothing to rotate, or a head too large: two kernels
         st_cuda_rmsnorm(b, x, w, x, n * n_head, head_dim, eps);
+        st_cuda_rope(b, x, n, n_head, head_dim, n_rot, pos, base);
         return;
     }
     int groups = (n_head + NORM_ROPE_WARPS - 1) / NORM_ROPE_WARPS;
     int warps = n_head < NORM_ROPE_WARPS ? n_head : NORM_ROPE_WARPS;
     size_t smem = sizeof(float) * ((size_t)2 * (n_rot / 2) + (size_t)warps * head_dim);
-    if (smem > 48 * 1024) {
-        st_cuda_fail_msg(c, __FILE__, __LINE__, "norm_rope: head_dim %d too large", head_dim);
-        return;
-    }
     norm_rope_kernel<<<dim3(n, groups), 32 * warps, smem, c->stream>>>(x, w, n_head, head_dim, n_rot, pos, base, eps);
     ST_CU_LAUNCHED(c, "norm_rope");
 }
