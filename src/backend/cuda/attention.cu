@@ -1,6 +1,7 @@
 // backend/cuda: causal attention over the KV cache (f16, q8_0 or f32 rows): the new rows are
-// stored first, then one flash-attention kernel (online softmax, K/V tiles in shared memory, the
-// context split across blocks when the grid would be small) and a combine kernel for the splits.
+// stored first, then a flash-attention kernel (FP32 for decode windows, tensor cores for prompt
+// chunks and large windows; the context split across blocks when the grid would be small) and a
+// combine kernel for the splits.
 
 #include <math.h>
 

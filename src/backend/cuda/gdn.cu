@@ -1,6 +1,7 @@
 // backend/cuda: the Gated DeltaNet recurrence (REFERENCE.md §3.3): the step form, row by row with
 // the state in registers (decode, verify windows), and the chunked WY form (prompt chunks), which
-// turns each chunk of 64 rows into small matrix products in shared memory.
+// turns each chunk of 64 rows into small matrix products in shared memory (state-free ones for all
+// chunks at once, then the state's chunk after chunk).
 
 #include <math.h>
 
