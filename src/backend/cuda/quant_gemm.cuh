@@ -101,19 +101,35 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
 
-    for (int k0 = 0; k0 < p.cols; k0 += ST_GM_BK) {
-        int c = k0 / 32 + akc;
-        gmm_load_a<T>(arow, c, arow_ok && c < nchunk, sa + am * ST_GM_LDS + akc * 32);
-        // B: 64 rows x 64 bf16 = 512 16-byte pieces, two per thread; zeros past the data (the
-        // products with zero weights must not meet garbage NaNs).
+    // B: 64 rows x 64 bf16 = 512 16-byte pieces, two per thread, zeros past the data (the
+    // products with zero weights must not meet garbage NaNs). The next step's pieces are loaded
+    // into registers, and its weight bytes prefetched into L2, while this step multiplies.
+    uint4 bnext[2];
+    auto load_b = [&](int k0) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int v = tid + ST_GM_THREADS * h, j = v >> 3, k = k0 + (v & 7) * 8;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (j < nx && k < p.cols) val = *(const uint4 *)(p.x + (size_t)(x0 + j) * p.cols + k);
-            *(uint4 *)(sb + j * ST_GM_LDS + (v & 7) * 8) = val;
+            bnext[h] = make_uint4(0, 0, 0, 0);
+            if (j < nx && k < p.cols) bnext[h] = *(const uint4 *)(p.x + (size_t)(x0 + j) * p.cols + k);
+        }
+    };
+    constexpr int CPB = st_qt<T>::QK / 32, BS = st_qt<T>::BS;
+    load_b(0);
+    for (int k0 = 0; k0 < p.cols; k0 += ST_GM_BK) {
+        int c = k0 / 32 + akc;
+        gmm_load_a<T>(arow, c, arow_ok && c < nchunk, sa + am * ST_GM_LDS + akc * 32);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int v = tid + ST_GM_THREADS * h;
+            *(uint4 *)(sb + (v >> 3) * ST_GM_LDS + (v & 7) * 8) = bnext[h];
         }
         __syncthreads();
+        if (k0 + ST_GM_BK < p.cols) {
+            load_b(k0 + ST_GM_BK);
+            int cn = c + 2;
+            if (arow_ok && cn < nchunk) // the chunk's share of its block: headers for the first
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(arow + (size_t)(cn / CPB) * BS + (cn % CPB) * BS / CPB));
+        }
 #pragma unroll
         for (int kk = 0; kk < ST_GM_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
