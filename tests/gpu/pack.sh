@@ -5,19 +5,28 @@
 #   tar xJf .pack/gpu-pack.tar.xz && STRATA_GPU_BUILD=gpu-pack tests/gpu/run.sh
 # carrying .pack and .whl (and .tok, the Qwen3 tokenizer, for the 30b / 80b benchmarks).
 #
-#   tests/gpu/pack.sh [BUILD_DIR]     (default build-cuda; configured here for sm_90 if new)
+#   tests/gpu/pack.sh [BUILD_DIR] [WHAT...]   (default build-cuda, configured here for sm_90 if new)
+# WHAT: strata, cuda-tests (test_cuda_*), cpu-tests (the CPU tests small enough to carry; those
+# linking the whole engine, such as the server's, run in CI); default all three. Each CUDA binary
+# holds the kernels (~12 MB compressed), so a pack of all may not fit the 64 MiB that travels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build-cuda}
+shift || true
+WHAT=" ${*:-strata cuda-tests cpu-tests} "
 if [ ! -f "$B/CMakeCache.txt" ]; then
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" >/dev/null
 fi
 cmake --build "$B" -j"$(nproc)"
 rm -rf gpu-pack && mkdir -p gpu-pack/lib
-cp "$B"/strata "$B"/test_* gpu-pack/
-ldd "$B/strata" "$B"/test_* 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u |
+[[ "$WHAT" == *" strata "* ]] && cp "$B"/strata gpu-pack/
+[[ "$WHAT" == *" cuda-tests "* ]] && cp "$B"/test_cuda_* gpu-pack/
+if [[ "$WHAT" == *" cpu-tests "* ]]; then
+  for t in "$B"/test_*; do [ "$(stat -c %s "$t")" -lt 4000000 ] && cp "$t" gpu-pack/; done
+fi
+ldd gpu-pack/* 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcudart|libcublas[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" gpu-pack/lib/; done
-strip gpu-pack/strata gpu-pack/test_*
+strip gpu-pack/* 2>/dev/null || true
 mkdir -p .pack && tar cJf .pack/gpu-pack.tar.xz gpu-pack && rm -rf gpu-pack
 ls -la .pack/gpu-pack.tar.xz
