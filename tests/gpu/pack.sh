@@ -24,9 +24,9 @@ rm -rf gpu-pack && mkdir -p gpu-pack/lib
 if [[ "$WHAT" == *" cpu-tests "* ]]; then
   for t in "$B"/test_*; do [ "$(stat -c %s "$t")" -lt 4000000 ] && cp "$t" gpu-pack/; done
 fi
-ldd gpu-pack/* 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u |
+find gpu-pack -maxdepth 1 -type f -exec ldd {} + 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcudart|libcublas[^/]*)\.so' |
-  while read -r lib; do cp -L "$lib" gpu-pack/lib/; done
-strip gpu-pack/* 2>/dev/null || true
+  while read -r lib; do cp -L "$lib" gpu-pack/lib/; done || true
+find gpu-pack -maxdepth 1 -type f -exec strip {} +
 mkdir -p .pack && tar cJf .pack/gpu-pack.tar.xz gpu-pack && rm -rf gpu-pack
 ls -la .pack/gpu-pack.tar.xz
