@@ -28,6 +28,12 @@ struct st_gmm_args {
     int64_t ldy;
     const int4 *tiles;      // {matrix, first row, rows <= ST_GM_BN, 0} per blockIdx.x
     int nx_total;
+    // Gate and up at once (w2 != NULL): a block's 128 weight rows are 64 rows of w (gate) and
+    // the same 64 rows of w2 (up); it writes h = silu(gate) · up as bf16 (nx_total, ldy)
+    // instead of y.
+    const uint8_t *w2;
+    size_t row_bytes2, mat_bytes2;
+    __nv_bfloat16 *h;
 };
 
 // Shared memory: the A (weights) and B (activations) tiles, reused for the float output tile.
@@ -84,15 +90,21 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
         x0 = blockIdx.x * ST_GM_BN;
         nx = p.nx_total - x0 < ST_GM_BN ? p.nx_total - x0 : ST_GM_BN;
     }
-    int64_t r0 = (int64_t)blockIdx.y * ST_GM_BM;
-    const uint8_t *wm = p.w + (size_t)mat * p.mat_bytes;
+    bool glu = p.w2 != NULL;
+    int64_t r0 = (int64_t)blockIdx.y * (glu ? ST_GM_BM / 2 : ST_GM_BM);
     int tid = threadIdx.x, warp = tid >> 5;
     int nchunk = p.cols / 32;
 
-    // A: thread t dequantizes chunk (t & 1) of the step for weight row t >> 1.
+    // A: thread t dequantizes chunk (t & 1) of the step for tile row t >> 1 (weight row r0 + t/2,
+    // or with glu: gate row r0 + t/2 for the first 64, up row r0 + t/2 - 64 after).
     int am = tid >> 1, akc = tid & 1;
-    bool arow_ok = r0 + am < p.rows;
-    const uint8_t *arow = wm + (size_t)(arow_ok ? r0 + am : 0) * p.row_bytes;
+    int64_t ar = r0 + (glu && am >= ST_GM_BM / 2 ? am - ST_GM_BM / 2 : am);
+    bool arow_ok = ar < p.rows;
+    const uint8_t *arow;
+    if (glu && am >= ST_GM_BM / 2)
+        arow = p.w2 + (size_t)mat * p.mat_bytes2 + (size_t)(arow_ok ? ar : 0) * p.row_bytes2;
+    else
+        arow = p.w + (size_t)mat * p.mat_bytes + (size_t)(arow_ok ? ar : 0) * p.row_bytes;
 
     int wr = (warp & 3) * 32, wc = (warp >> 2) * 32; // the warp's rows (weights) and columns (x rows)
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
@@ -154,9 +166,20 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
             wmma::store_matrix_sync(sc + (wc + 16 * j) * ST_GM_LDC + wr + 16 * i, acc[i][j], ST_GM_LDC,
                                     wmma::mem_col_major);
     __syncthreads();
-    for (int v = tid; v < ST_GM_BN * ST_GM_BM; v += ST_GM_THREADS) {
-        int j = v / ST_GM_BM, i = v % ST_GM_BM;
-        if (j < nx && r0 + i < p.rows) p.y[(size_t)(x0 + j) * p.ldy + r0 + i] = sc[j * ST_GM_LDC + i];
+    if (glu) {
+        constexpr int HB = ST_GM_BM / 2;
+        for (int v = tid; v < ST_GM_BN * HB; v += ST_GM_THREADS) {
+            int j = v / HB, i = v % HB;
+            if (j < nx && r0 + i < p.rows) {
+                float g = sc[j * ST_GM_LDC + i], u = sc[j * ST_GM_LDC + HB + i];
+                p.h[(size_t)(x0 + j) * p.ldy + r0 + i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+            }
+        }
+    } else {
+        for (int v = tid; v < ST_GM_BN * ST_GM_BM; v += ST_GM_THREADS) {
+            int j = v / ST_GM_BM, i = v % ST_GM_BM;
+            if (j < nx && r0 + i < p.rows) p.y[(size_t)(x0 + j) * p.ldy + r0 + i] = sc[j * ST_GM_LDC + i];
+        }
     }
 #endif
 }

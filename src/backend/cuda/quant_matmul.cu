@@ -742,7 +742,8 @@ static void gemm(st_cuda *c, const void *w, cudaDataType wt, const void *x, cuda
 // The tensor-core GEMM over quantized tiles: grid (tiles, row tiles).
 static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks) {
     if (nblocks <= 0) return;
-    dim3 grid((unsigned)nblocks, (unsigned)((g.rows + ST_GM_BM - 1) / ST_GM_BM));
+    int bm = g.w2 ? ST_GM_BM / 2 : ST_GM_BM; // weight rows per block (gate+up: 64 of each)
+    dim3 grid((unsigned)nblocks, (unsigned)((g.rows + bm - 1) / bm));
     switch (t) {
 #define CASE(T) case T: gmm_kernel<T><<<grid, ST_GM_THREADS, 0, c->stream>>>(g); break;
         ST_CUQ_QUANT_TYPES(CASE)
@@ -805,7 +806,7 @@ strided:
     if (!xb) return;
     convert(c, x, (int64_t)n * cols, xb);
     if (c->prop.major >= 8 && env_on("STRATA_CUQ_DENSE_MMA")) {
-        st_gmm_args g = {(const uint8_t *)w->data, w->row_bytes, 0, rows, (int)cols, xb, y, rows, NULL, n};
+        st_gmm_args g = {(const uint8_t *)w->data, w->row_bytes, 0, rows, (int)cols, xb, y, rows, NULL, n, NULL, 0, 0, NULL};
         gmm_launch(c, w->type, g, (n + ST_GM_BN - 1) / ST_GM_BN);
         return;
     }
@@ -1543,7 +1544,7 @@ static void moe_big_pass(st_cuda *c, const st_mat3 *w, const st_moe_groups *gr, 
     cudaDataType xt = in_cuda(kind);
     if (!is_float_type(w->type) && gmm) {
         st_gmm_args g = {(const uint8_t *)w->data, w->row_bytes, w->mat_bytes, rows, (int)cols,
-                         (const __nv_bfloat16 *)xin, out, rows, gr->tiles, 0};
+                         (const __nv_bfloat16 *)xin, out, rows, gr->tiles, 0, NULL, 0, 0, NULL};
         gmm_launch(c, w->type, g, gr->ntiles);
         return;
     }
@@ -1654,9 +1655,17 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
 
     moe_gather(c, kg, a->x, order, valid, k, (int)d, xg);
     if (ku != kg) moe_gather(c, ku, a->x, order, valid, k, (int)d, xu);
-    moe_big_pass(c, gate, &gr, gmm, xg, g);
-    moe_big_pass(c, up, &gr, gmm, xu, u);
-    silu_mul_to(c, kd, g, u, (int64_t)valid * F, h);
+    if (gmm && gate->type == up->type && !is_float_type(gate->type) && kd == ST_IN_BF16) {
+        // Gate and up in one launch, h = silu(gate) · up written as bf16 by the GEMM.
+        st_gmm_args gg = {(const uint8_t *)gate->data, gate->row_bytes, gate->mat_bytes, F, (int)d,
+                          (const __nv_bfloat16 *)xg, NULL, F, gr.tiles, 0,
+                          (const uint8_t *)up->data, up->row_bytes, up->mat_bytes, (__nv_bfloat16 *)h};
+        gmm_launch(c, gate->type, gg, gr.ntiles);
+    } else {
+        moe_big_pass(c, gate, &gr, gmm, xg, g);
+        moe_big_pass(c, up, &gr, gmm, xu, u);
+        silu_mul_to(c, kd, g, u, (int64_t)valid * F, h);
+    }
     moe_big_pass(c, down, &gr, gmm, h, o);
 
     int64_t ny = (int64_t)n * d;
