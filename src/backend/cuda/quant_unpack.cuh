@@ -153,12 +153,23 @@ template <> struct st_qt<ST_TYPE_Q5_1> {
 template <> struct st_qt<ST_TYPE_Q8_0> {
     static constexpr int QK = 32, BS = 34;
     static constexpr bool HAS_MIN = false;
+    // The 32 values start 2 bytes into the (2-aligned) block: eight aligned words from the
+    // word holding the first value, plus the last two values as a halfword when the values
+    // are not word-aligned, then funnel shifts. 10 loads instead of 17, the same instructions
+    // on every lane whatever the block's alignment, never a byte outside the block.
     static __device__ __forceinline__ void unpack(const uint8_t *row, int c, st_wchunk &w) {
         const uint8_t *b = row + (size_t)c * BS;
         w.s0 = w.s1 = ld_f16(b);
         w.m0 = w.m1 = 0.0f;
+        uintptr_t qa = (uintptr_t)(b + 2);
+        uint32_t sh = (uint32_t)(qa & 3) * 8; // 0 or 16
+        const uint32_t *p = (const uint32_t *)(qa & ~(uintptr_t)3);
+        uint32_t v[9];
 #pragma unroll
-        for (int i = 0; i < 8; i++) w.q[i] = (int)ld_a2(b + 2 + 4 * i);
+        for (int i = 0; i < 8; i++) v[i] = p[i];
+        v[8] = sh ? ld_u16((const uint8_t *)(p + 8)) : 0u;
+#pragma unroll
+        for (int i = 0; i < 8; i++) w.q[i] = (int)__funnelshift_r(v[i], v[i + 1], sh);
     }
 };
 
