@@ -40,6 +40,23 @@ __device__ __forceinline__ void ld_a16x2(const uint8_t *p, int v[8]) {
     v[4] = (int)b.x; v[5] = (int)b.y; v[6] = (int)b.z; v[7] = (int)b.w;
 }
 
+// 32 bytes at a 2-aligned q as eight words: eight aligned words from the word holding q[0],
+// plus q[30..31] as a halfword when q is not word-aligned, then funnel shifts. 9 or 10 loads
+// instead of 16 halfword loads, the same instructions on every lane whatever q's alignment.
+// Reads nothing past q + 32, and before q only q - 2 when q is 2 mod 4 (inside any matrix
+// whose base is 16-byte aligned).
+__device__ __forceinline__ void ld32_a2(const uint8_t *q, uint32_t (&v)[8]) {
+    uintptr_t qa = (uintptr_t)q;
+    uint32_t sh = (uint32_t)(qa & 3) * 8; // 0 or 16
+    const uint32_t *p = (const uint32_t *)(qa & ~(uintptr_t)3);
+    uint32_t u[9];
+#pragma unroll
+    for (int i = 0; i < 8; i++) u[i] = p[i];
+    u[8] = sh ? (uint32_t)*(const uint16_t *)(p + 8) : 0u;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = __funnelshift_r(u[i], u[i + 1], sh);
+}
+
 // Bit i (i < 4) of b to bit 8i: four flags to four bytes.
 __device__ __forceinline__ uint32_t spread4(uint32_t b) {
     return (b & 1u) | (b & 2u) << 7 | (b & 4u) << 14 | (b & 8u) << 21;
@@ -153,23 +170,14 @@ template <> struct st_qt<ST_TYPE_Q5_1> {
 template <> struct st_qt<ST_TYPE_Q8_0> {
     static constexpr int QK = 32, BS = 34;
     static constexpr bool HAS_MIN = false;
-    // The 32 values start 2 bytes into the (2-aligned) block: eight aligned words from the
-    // word holding the first value, plus the last two values as a halfword when the values
-    // are not word-aligned, then funnel shifts. 10 loads instead of 17, the same instructions
-    // on every lane whatever the block's alignment, never a byte outside the block.
     static __device__ __forceinline__ void unpack(const uint8_t *row, int c, st_wchunk &w) {
         const uint8_t *b = row + (size_t)c * BS;
         w.s0 = w.s1 = ld_f16(b);
         w.m0 = w.m1 = 0.0f;
-        uintptr_t qa = (uintptr_t)(b + 2);
-        uint32_t sh = (uint32_t)(qa & 3) * 8; // 0 or 16
-        const uint32_t *p = (const uint32_t *)(qa & ~(uintptr_t)3);
-        uint32_t v[9];
+        uint32_t v[8];
+        ld32_a2(b + 2, v);
 #pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = p[i];
-        v[8] = sh ? ld_u16((const uint8_t *)(p + 8)) : 0u;
-#pragma unroll
-        for (int i = 0; i < 8; i++) w.q[i] = (int)__funnelshift_r(v[i], v[i + 1], sh);
+        for (int i = 0; i < 8; i++) w.q[i] = (int)v[i];
     }
 };
 
@@ -223,10 +231,13 @@ template <> struct st_qt<ST_TYPE_Q3_K> {
         w.s0 = __fmul_rn(d, (float)scale(b + 96, 2 * sub));
         w.s1 = __fmul_rn(d, (float)scale(b + 96, 2 * sub + 1));
         w.m0 = w.m1 = 0.0f;
+        uint32_t vl[8], vh[8];
+        ld32_a2(b + 32 + 32 * h, vl);
+        ld32_a2(b, vh);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            uint32_t lo = (ld_a2(b + 32 + 32 * h + 4 * i) >> (2 * j)) & 0x03030303u;
-            uint32_t hbit = (ld_a2(b + 4 * i) >> (4 * h + j)) & 0x01010101u;
+            uint32_t lo = (vl[i] >> (2 * j)) & 0x03030303u;
+            uint32_t hbit = (vh[i] >> (4 * h + j)) & 0x01010101u;
             w.q[i] = (int)__vsub4(lo, (hbit ^ 0x01010101u) << 2); // no high bit: minus 4
         }
     }
@@ -278,10 +289,13 @@ template <> struct st_qt<ST_TYPE_Q6_K> {
         w.s0 = __fmul_rn(d, (float)(int8_t)b[192 + 2 * sub]);
         w.s1 = __fmul_rn(d, (float)(int8_t)b[192 + 2 * sub + 1]);
         w.m0 = w.m1 = 0.0f;
+        uint32_t vl[8], vh[8];
+        ld32_a2(b + 64 * h + 32 * (k & 1), vl);
+        ld32_a2(b + 128 + 32 * h, vh);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            uint32_t lo = (ld_a2(b + 64 * h + 32 * (k & 1) + 4 * i) >> (4 * (k >> 1))) & 0x0f0f0f0fu;
-            uint32_t hi = ((ld_a2(b + 128 + 32 * h + 4 * i) >> (2 * k)) & 0x03030303u) << 4;
+            uint32_t lo = (vl[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu;
+            uint32_t hi = ((vh[i] >> (2 * k)) & 0x03030303u) << 4;
             w.q[i] = (int)__vsub4(lo | hi, 0x20202020u);
         }
     }
