@@ -4,6 +4,7 @@
 // combine kernel for the splits.
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -68,9 +69,24 @@ typedef struct attn_params {
     const float *q;        // (n, H, D)
     float *out;            // (n, H, D), written when ns == 1
     float *part;           // (ns, n, H, D + 2): m, l, acc of each split, when ns > 1
+    // Fused store (FP32 kernel, f16 / f32 cache): the new rows pos0 .. pos0+n-1 come from these
+    // inputs (rounded as the cache rounds them), never from the cache, and the blocks of split 0,
+    // query tile 0 write them there. So no block reads a row another block is writing.
+    const float *knew, *vnew; // (n, nv) or NULL: a separate store kernel ran first
+    int nv;                   // values per cache row (n_head_kv * D)
+    // Last block combines: with ns > 1 the block that finishes last for its (query tile, kv
+    // head) merges the splits (counter: attn_counters[hk * gridDim.x + query tile]), so no
+    // combine kernel runs. NULL: attn_combine_kernel runs after.
+    unsigned *counters;
     int n, H, G, nq, ns, min_chunk;
     float scale;
 } attn_params;
+
+// Zero at load; the last block of each (query tile, kv head) puts its counter back to zero, so
+// every launch (and every graph replay) starts from zero. Kernels on the one stream never
+// overlap, so one array serves every layer.
+#define ATTN_MAX_COUNTERS 4096
+__device__ unsigned attn_counters[ATTN_MAX_COUNTERS];
 
 // A tile of cache rows t0 .. t0+TK-1 of head hk as floats, 8 values per thread-step: fetched
 // into registers (attn_fetch_tile) one tile ahead, so the loads of the next tile are in flight
@@ -84,14 +100,23 @@ struct attn_tile {
 };
 
 template <int D, int TK>
-__device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void *cache, const attn_params &p,
-                                                int hk, int t0, int t_end) {
+__device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void *cache, const float *fresh,
+                                                const attn_params &p, int hk, int t0, int t_end, int pos0) {
     typedef attn_tile<D, TK> R;
 #pragma unroll
     for (int k = 0; k < R::STEPS; k++) {
         int gi = threadIdx.x + k * ATTN_WARPS * 32, tt = gi / R::G8, x8 = (gi % R::G8) * 8, t = t0 + tt;
         float *v = r.v[k];
-        if (gi < TK * R::G8 && t < t_end) {
+        if (gi < TK * R::G8 && t < t_end && fresh && t >= pos0) {
+            // A new row: from the input, rounded as the cache stores it (kv_store_plain_kernel).
+            const float4 *f = (const float4 *)(fresh + (size_t)(t - pos0) * p.nv + hk * D + x8);
+            float4 a = f[0], b = f[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+            if (p.kv_type == ST_KV_F16) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = __half2float(__float2half_rn(v[e]));
+            }
+        } else if (gi < TK * R::G8 && t < t_end) {
             const char *row = (const char *)cache + (size_t)t * p.row_bytes;
             int idx = hk * D + x8; // value index within the cache row
             if (p.kv_type == ST_KV_F16) {
@@ -150,6 +175,14 @@ __device__ __forceinline__ float attn_warp_max(float v) {
     return v;
 }
 
+// The splits that hold positions of [0, T): chunks of ceil(T / ns) rounded up to `align`, as the
+// attention kernels cut them (the rest return without writing).
+__device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
+    int chunk = (T + ns - 1) / ns;
+    chunk = (chunk + align - 1) / align * align;
+    return min(ns, (T + chunk - 1) / chunk);
+}
+
 template <int EPL, int QPW>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     typedef attn_shape<EPL, QPW> S;
@@ -163,6 +196,26 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     const int qbase = blockIdx.x * QB, split = blockIdx.y, hk = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int pos0 = *p.pos_dev, T = pos0 + p.n;
+
+    if (p.knew && blockIdx.x == 0 && split == 0) { // the fused store: head hk of the new rows
+        for (int e = tid; e < p.n * D; e += blockDim.x) {
+            int i = e / D, x = hk * D + e % D;
+            size_t src = (size_t)i * p.nv + x;
+            char *kr = (char *)p.kc + (size_t)(pos0 + i) * p.row_bytes, *vr = (char *)p.vc + (size_t)(pos0 + i) * p.row_bytes;
+            if (p.kv_type == ST_KV_F16) {
+                ((__half *)kr)[x] = __float2half_rn(p.knew[src]);
+                ((__half *)vr)[x] = __float2half_rn(p.vnew[src]);
+            } else {
+                ((float *)kr)[x] = p.knew[src];
+                ((float *)vr)[x] = p.vnew[src];
+            }
+        }
+    }
+    if (p.ns > 1) { // a split past the context leaves before loading anything (as below)
+        int chunk = (T + p.ns - 1) / p.ns;
+        chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
+        if (split * chunk >= T) return;
+    }
 
     for (int e = tid; e < QB * D; e += blockDim.x) {
         int qi = qbase + e / D;
@@ -197,16 +250,16 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     const int tt = lane % TK, part = lane / TK;
     attn_tile<D, TK> kt, vt;
     if (t_begin < t_end) {
-        attn_fetch_tile<D, TK>(kt, p.kc, p, hk, t_begin, t_end);
-        attn_fetch_tile<D, TK>(vt, p.vc, p, hk, t_begin, t_end);
+        attn_fetch_tile<D, TK>(kt, p.kc, p.knew, p, hk, t_begin, t_end, pos0);
+        attn_fetch_tile<D, TK>(vt, p.vc, p.vnew, p, hk, t_begin, t_end, pos0);
     }
     for (int t0 = t_begin; t0 < t_end; t0 += TK) {
         __syncthreads(); // the previous tile is consumed (and Qs is written, the first time)
         attn_store_tile<D, TK>(Ks, KST, kt);
         attn_store_tile<D, TK>(Vs, D, vt);
         if (t0 + TK < t_end) { // the next tile's loads fly while this one is computed
-            attn_fetch_tile<D, TK>(kt, p.kc, p, hk, t0 + TK, t_end);
-            attn_fetch_tile<D, TK>(vt, p.vc, p, hk, t0 + TK, t_end);
+            attn_fetch_tile<D, TK>(kt, p.kc, p.knew, p, hk, t0 + TK, t_end, pos0);
+            attn_fetch_tile<D, TK>(vt, p.vc, p.vnew, p, hk, t0 + TK, t_end, pos0);
         }
         __syncthreads();
         if (t0 > wlim) continue; // causal: none of this warp's queries sees this tile
@@ -277,14 +330,57 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
         }
     }
-}
+    if (p.ns == 1 || !p.counters) return;
 
-// The splits that hold positions of [0, T): chunks of ceil(T / ns) rounded up to `align`, as the
-// attention kernels cut them (the rest return without writing).
-__device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
-    int chunk = (T + ns - 1) / ns;
-    chunk = (chunk + align - 1) / align * align;
-    return min(ns, (T + chunk - 1) / chunk);
+    // Last block combines. Each block publishes its partials (fence), then counts itself in; the
+    // one that brings the count to the number of active splits reads everyone's partials from L2
+    // and writes this query tile's outputs: out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s.
+    __shared__ unsigned s_last;
+    const int act = attn_active_splits(T, p.ns, p.min_chunk); // the splits that get here (<= 256)
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned *ctr = p.counters + (size_t)hk * gridDim.x + blockIdx.x;
+        unsigned prev = atomicAdd(ctr, 1u);
+        s_last = prev == (unsigned)(act - 1);
+        if (s_last) *ctr = 0; // every block of this tile has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    static_assert(S::smem >= sizeof(float) * ATTN_WARPS * 256, "combine weights: 256 splits per warp");
+    float *fw = (float *)sm4 + w * 256; // e^{m_s − M} of this warp's query (the tiles are done with)
+    const size_t ss = (size_t)p.n * p.H * (D + 2); // from one split's partials to the next
+#pragma unroll 1
+    for (int jj = 0; jj < QPW; jj++) {
+        int qi = qbase + w * QPW + jj;
+        if (qi >= p.nq) break; // (warp-uniform)
+        size_t rh = (size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G;
+        const float *base = p.part + rh * (D + 2);
+        float mx = -INFINITY;
+        for (int s2 = lane; s2 < act; s2 += 32) mx = fmaxf(mx, __ldcg(base + s2 * ss));
+        mx = attn_warp_max(mx); // finite: split 0 sees position 0
+        float ls = 0.0f;
+        for (int s2 = lane; s2 < act; s2 += 32) {
+            float ms = __ldcg(base + s2 * ss), f = ms == -INFINITY ? 0.0f : expf(ms - mx);
+            fw[s2] = f;
+            ls += __ldcg(base + s2 * ss + 1) * f;
+        }
+        for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+        __syncwarp(); // fw is written
+        float a[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) a[e] = 0.0f;
+#pragma unroll 8
+        for (int s2 = 0; s2 < act; s2++) { // (8 splits' loads in flight per lane)
+            float f = fw[s2];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) a[e] += f * __ldcg(base + s2 * ss + 2 + e * 32 + lane);
+        }
+#pragma unroll
+        for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = a[e] / ls;
+        __syncwarp(); // fw is rewritten for the next query
+    }
 }
 
 // One block of ATTN_COMBINE_THREADS per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s
@@ -361,12 +457,13 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
         p->part = (float *)st_cuda_scratch(c, ST_SCR_ATTN, bytes);
         if (!p->part) return; // the error is kept
     }
+    if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
     if (S::smem > 48 * 1024) // above the default limit: opt in (a function attribute, fine while recording)
         ST_CU(c, cudaFuncSetAttribute(attn_kernel<EPL, QPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
     dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
     attn_kernel<EPL, QPW><<<grid, ATTN_WARPS * 32, S::smem, c->stream>>>(*p);
     ST_CU_LAUNCHED(c, "attention");
-    if (ns > 1) {
+    if (ns > 1 && !p->counters) {
         attn_combine_kernel<<<p->n * p->H, ATTN_COMBINE_THREADS, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D,
                                                                                    ns, p->pos_dev, p->n, p->min_chunk);
         ST_CU_LAUNCHED(c, "attention combine");
@@ -689,6 +786,31 @@ static void attn_dispatch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) 
     else attn_launch<EPL, 1>(c, p, n_head_kv, n_ctx);
 }
 
+// STRATA_ATTN_OLD=1: the separate store and combine kernels (the previous decode path), kept
+// for an A/B on the GPU while the fused path is new; read once.
+static bool attn_old(void) {
+    static int old = -1;
+    if (old < 0) {
+        const char *e = getenv("STRATA_ATTN_OLD");
+        old = e && atoi(e) != 0;
+    }
+    return old == 1;
+}
+
+// The device address of attn_counters (per device; looked up on the first, eager, call of a
+// window, so never while recording).
+static unsigned *attn_counters_of(st_cuda *c) {
+    static void *addr[64];
+    if (c->device < 0 || c->device >= 64) return NULL;
+    if (!addr[c->device]) {
+        if (cudaGetSymbolAddress(&addr[c->device], attn_counters) != cudaSuccess) {
+            cudaGetLastError();
+            addr[c->device] = NULL;
+        }
+    }
+    return (unsigned *)addr[c->device];
+}
+
 void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     st_cuda *c = st_cuda_of(b);
     st_kv_layer *kv = a->kv;
@@ -700,7 +822,25 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
                          kv->n_head_kv);
         return;
     }
-    if (kv->type == ST_KV_Q8_0) {
+    attn_params p = {};
+    p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
+    p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out, p.nv = nv;
+    p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
+    // Tensor cores for prompt chunks and for windows of at least a block's 64 queries (a verify
+    // window of 16 rows with 8 queries per KV head is compute-bound in FP32 at long contexts);
+    // the FP32 kernel for smaller windows (memory-bound), an f32 cache, other head sizes and
+    // older GPUs.
+    bool tc = (a->n > ST_CUDA_GRAPH_ROWS || p.nq >= TC_BQ) && c->prop.major >= 8 &&
+              (D == 64 || D == 128 || D == 256) && (kv->type == ST_KV_F16 || kv->type == ST_KV_Q8_0) &&
+              ((uintptr_t)a->q & 15) == 0 && ((uintptr_t)a->out & 7) == 0 && attn_tc_built();
+    // The FP32 kernel stores the new rows itself (f16 / f32 cache, 16-byte aligned inputs) and
+    // its last block combines the splits: one launch instead of three.
+    bool old = attn_old();
+    bool fuse = !tc && !old && kv->type != ST_KV_Q8_0 && ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0;
+    if (!tc && !old) p.counters = attn_counters_of(c);
+    if (fuse) {
+        p.knew = a->k, p.vnew = a->v;
+    } else if (kv->type == ST_KV_Q8_0) {
         int64_t blocks = (int64_t)a->n * (nv / QK8_0);
         int64_t grid = (blocks + 7) / 8;
         dim3 g((unsigned)(grid > 65535 ? 65535 : grid), 2);
@@ -710,21 +850,10 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
         dim3 g((unsigned)(grid > 65535 ? 65535 : grid), 2);
         kv_store_plain_kernel<<<g, 256, 0, c->stream>>>(*kv, a->pos_dev, a->k, a->v, a->n, nv);
     }
-    ST_CU_LAUNCHED(c, "kv store");
+    if (!fuse) ST_CU_LAUNCHED(c, "kv store");
 
-    attn_params p = {};
-    p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
-    p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out;
-    p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
-    // Tensor cores for prompt chunks and for windows of at least a block's 64 queries (a verify
-    // window of 16 rows with 8 queries per KV head is compute-bound in FP32 at long contexts);
-    // the FP32 kernel for smaller windows (memory-bound), an f32 cache, other head sizes and
-    // older GPUs.
     // Tiles of 64 positions where they fit the shared memory, else 32 (head_dim 128 on sm_86/89,
     // 256 everywhere).
-    bool tc = (a->n > ST_CUDA_GRAPH_ROWS || p.nq >= TC_BQ) && c->prop.major >= 8 &&
-              (D == 64 || D == 128 || D == 256) && (kv->type == ST_KV_F16 || kv->type == ST_KV_Q8_0) &&
-              ((uintptr_t)a->q & 15) == 0 && ((uintptr_t)a->out & 7) == 0 && attn_tc_built();
     if (tc) {
         int T = a->n > ST_CUDA_GRAPH_ROWS ? a->pos0 + a->n : kv->n_ctx;
         size_t optin = c->prop.sharedMemPerBlockOptin;

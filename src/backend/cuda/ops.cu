@@ -579,6 +579,82 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_kernel(const float
     }
 }
 
+// The block router (k <= 16): one block per row, one expert per thread, so the double-precision
+// exponentials run side by side instead of 16 deep in one warp. Top-k without k dependent rounds:
+// each warp sorts its 32 (logit, id) pairs with a bitonic network in registers (descending; ties:
+// lower id first, the CPU's order), then the warps' top-16 lists merge pairwise in a tree (one
+// bitonic merge of 32 per pair, one barrier per level). The top 16 of the union of lists is the
+// union's top 16, so the root holds the row's top k in order.
+#define ROUTE_BLOCK_MAX_K 16
+
+// (v, i) comes before (ov, oi): larger logit, then lower id.
+__device__ __forceinline__ bool route_before(float v, int i, float ov, int oi) {
+    return v > ov || (v == ov && i < oi);
+}
+
+// One compare-exchange of a bitonic network: this lane and lane ^ j; `first` is whether this
+// lane keeps the pair's first element (in the order above).
+__device__ __forceinline__ void route_exchange(float &v, int &i, int j, bool first) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, j);
+    int oi = __shfl_xor_sync(0xffffffffu, i, j);
+    bool other_first = route_before(ov, oi, v, i);
+    if (other_first == first) v = ov, i = oi;
+}
+
+__global__ void __launch_bounds__(1024) moe_route_block_kernel(const float *logits, int E, int k, int32_t *ids,
+                                                               float *weights) {
+    __shared__ float sv[32 * 16]; // (warp, 16) the lists handed up the tree
+    __shared__ int si[32 * 16];
+    __shared__ float smax[32];
+    __shared__ double ssum[32];
+    const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+    const float *l = logits + (size_t)row * E;
+    // Padding (ids >= E) holds -inf and sorts after every expert, -inf logits included.
+    float v = tid < E ? l[tid] : -INFINITY;
+    int i = tid;
+    float mx = warp_max(v);
+    if (lane == 0) smax[w] = mx;
+    // Bitonic sort of the warp, descending: runs of `size` alternate direction until the last.
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            bool desc = (lane & size) == 0 || size == 32, lower = (lane & j) == 0;
+            route_exchange(v, i, j, lower == desc);
+        }
+    __syncthreads();
+    mx = -INFINITY;
+    for (int u = 0; u < nw; u++) mx = fmaxf(mx, smax[u]);
+    // The softmax sum in double, as the CPU: each thread its expert, then the warps in order.
+    double ex = tid < E ? exp((double)l[tid] - mx) : 0.0;
+    ex = warp_sum_d(ex);
+    if (lane == 0) ssum[w] = ex;
+    // Merge tree: at stride st, warp w (a multiple of 2 st) takes the list of warp w + st. Lanes
+    // 0-15 keep their own top 16 (descending), lanes 16-31 take the other's reversed (ascending):
+    // a bitonic sequence, which half-cleaners at 16, 8, 4, 2, 1 sort descending.
+    for (int st = 1; st < nw; st <<= 1) {
+        if (w % (2 * st) == st && lane < 16) sv[w * 16 + lane] = v, si[w * 16 + lane] = i;
+        __syncthreads();
+        if (w % (2 * st) == 0 && w + st < nw) {
+            if (lane >= 16) v = sv[(w + st) * 16 + 31 - lane], i = si[(w + st) * 16 + 31 - lane];
+#pragma unroll
+            for (int j = 16; j > 0; j >>= 1) route_exchange(v, i, j, (lane & j) == 0);
+        }
+    }
+    __syncthreads(); // ssum is complete (also when there is one warp and no merge)
+    if (w != 0) return;
+    double sum = 0;
+    for (int u = 0; u < nw; u++) sum += ssum[u];
+    // w_r = e^{l_r − max} / sum as a float, then renormalized by their sum in double.
+    float wr = lane < k ? (float)(exp((double)v - mx) / sum) : 0.0f;
+    double ws = warp_sum_d((double)wr);
+    if (ws < 6.1e-5) ws = 6.1e-5; // llama.cpp's clamp, as on the CPU
+    if (lane < k) {
+        ids[(size_t)row * k + lane] = i;
+        weights[(size_t)row * k + lane] = (float)(wr / ws);
+    }
+}
+
 void st_cuda_moe_route(st_backend *b, const float *logits, int n, int n_expert, int k, int32_t *ids,
                        float *weights) {
     st_cuda *c = st_cuda_of(b);
@@ -589,6 +665,11 @@ void st_cuda_moe_route(st_backend *b, const float *logits, int n, int n_expert, 
         return;
     }
     int epl = (n_expert + 31) / 32;
+    if (k <= ROUTE_BLOCK_MAX_K) {
+        moe_route_block_kernel<<<n, 32 * epl, 0, c->stream>>>(logits, n_expert, k, ids, weights);
+        ST_CU_LAUNCHED(c, "moe_route");
+        return;
+    }
     dim3 grid((unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS)), block(32 * (n < ROUTE_WARPS ? n : ROUTE_WARPS));
     // Slots per lane: the next power of two (a few instantiations; unused slots cost a compare).
     if (epl <= 1) moe_route_kernel<1><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
