@@ -739,7 +739,9 @@ static int bench(void) {
     int32_t *dpos = dev_put(NULL, sizeof(int32_t));
     const int ctxs[] = {1024, 8192, 32768};
     for (int i = 0; i < 3; i++) {
-        for (int n = 1; n <= 16; n *= 16) {
+        // n = 4: 32 queries per kv head, the widest window the FP32 kernel takes at this shape
+        // (STRATA_ATTN_OLD=1 times the previous decode path for an A/B).
+        for (int n = 1; n <= 16; n *= 4) {
             int32_t p0 = ctxs[i] - n;
             gpu->ops->from_host(gpu, dpos, &p0, sizeof p0);
             st_attn_args a = {.kv = &kv, .pos_dev = dpos, .q = q, .k = k, .v = v, .out = out, .n = n, .pos0 = p0,
