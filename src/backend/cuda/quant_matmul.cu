@@ -466,6 +466,14 @@ __device__ __forceinline__ float chunk_dot_x(const st_wchunk &w, int4 x0, int4 x
     return ds.x * v;
 }
 
+// Asks L2 for the bytes of chunk c of a weight row (its share of the block, headers for the
+// first chunk of a block): issued before a block quantizes x, so the first weight loads after
+// it find their lines on the way.
+template <int T> __device__ __forceinline__ void prefetch_chunk(const uint8_t *row, int c) {
+    constexpr int CPB = st_qt<T>::QK / 32, BS = st_qt<T>::BS;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (size_t)(c / CPB) * BS + (c % CPB) * BS / CPB));
+}
+
 struct st_mv2_args {
     const uint8_t *w;
     size_t row_bytes;
@@ -485,6 +493,12 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     const int8_t *xq = p.xq;
     const float2 *xds = p.xds;
     if (p.fused) {
+        int64_t rp = (int64_t)blockIdx.x * ST_MV_ROWS + (threadIdx.x >> 5) * ST_MV_R;
+        int cp = threadIdx.x & 31;
+        if (cp < nchunk)
+#pragma unroll
+            for (int i = 0; i < ST_MV_R; i++)
+                if (rp + i < p.rows) prefetch_chunk<T>(p.w + (size_t)(rp + i) * p.row_bytes, cp);
         int8_t *sq = (int8_t *)mv_smem;
         float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
         quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x);
@@ -1206,6 +1220,9 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
             wr[i] = p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
     }
     int nchunk = p.cols / 32, half = p.cols / 2;
+    if (r0 < p.rows && lane < nchunk)
+#pragma unroll
+        for (int i = 0; i < R; i++) prefetch_chunk<T>(wr[i], lane);
     int8_t *sq = (int8_t *)moe2_smem;
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
     for (int g0 = 0; g0 < m; g0 += p.gcap) {
