@@ -82,6 +82,7 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     if (!s) s = st_model_load(m->gguf, &m->model);
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
     if (!s) s = open_backend(m, p, threads);
+    if (!s && m->gpu < 0) s = st_model_place(m->model, m->backend); // says where the weights are
     if (!s && st_tokenizer_load_gguf(m->gguf, &m->tok))
         snprintf(m->tok_error, sizeof m->tok_error, "%s", st_error());
     if (!s && st_chat_template_from_gguf(m->gguf, &m->tmpl))
