@@ -139,22 +139,8 @@ static int parse_opt(int argc, char **argv, int *i, gen_opts *o) {
     return 0;
 }
 
-static const char *default_model(void) {
-    static char path[4096];
-    if (access(DEFAULT_MODEL, R_OK) == 0) return DEFAULT_MODEL;
-    char exe[4000];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return DEFAULT_MODEL;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return DEFAULT_MODEL;
-    *slash = 0;
-    snprintf(path, sizeof path, "%s/../%s", exe, DEFAULT_MODEL);
-    return access(path, R_OK) == 0 ? path : DEFAULT_MODEL;
-}
-
 static gen_opts opts_default(void) {
-    return (gen_opts){.model = default_model(), .n_predict = 256, .batch = 512, .kv = "f16",
+    return (gen_opts){.model = st_cli_default_model(), .n_predict = 256, .batch = 512, .kv = "f16",
                       .sampling = strata_sampling_default()};
 }
 
