@@ -98,6 +98,12 @@ strata_status strata_session_save(const strata_session *s, strata_snapshot **out
 strata_status strata_session_restore(strata_session *s, const strata_snapshot *snap);
 void strata_snapshot_free(strata_snapshot *snap);
 
+// The session's routing counts since it was opened: for each (layer, expert), how many times the
+// router chose it (one per token and top-k choice); rows are the main layers then the MTP layer,
+// row-major, (n_layer + MTP layers) * n_expert values. n is counts' capacity; an error when it
+// is too small. These are what an expert profile holds (docs/EXPERT_PROFILE.md).
+strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, size_t n);
+
 // ---------------------------------------------------------------------------------------------
 // Text: the model's tokenizer and chat template (from the GGUF).
 

@@ -201,6 +201,14 @@ int strata_session_pos(const strata_session *s) { return st_state_pos(s->state);
 strata_model *st_engine_session_model(const strata_session *s) { return s->m; }
 int strata_session_ctx(const strata_session *s) { return s->n_ctx; }
 
+strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, size_t n) {
+    const st_hparams *hp = &s->m->model->hp;
+    size_t need = (size_t)(hp->n_layer + hp->n_mtp) * hp->n_expert;
+    if (n < need) return st_fail(ST_ERR_ARG, "expert counts: room for %zu values, %zu needed", n, need);
+    memcpy(counts, st_state_expert_counts(s->state), sizeof(uint64_t) * need);
+    return ST_OK;
+}
+
 int strata_session_tokens(const strata_session *s, const int32_t **tokens) {
     *tokens = s->tokens;
     return st_state_pos(s->state);

@@ -14,7 +14,10 @@ st_status st_placement_create_host(int n_layer, int n_expert, st_placement **out
     p->n_layer = n_layer;
     p->n_expert = n_expert;
     p->slot = st_alloc(sizeof(int32_t) * (size_t)(n_layer > 0 ? n_layer : 1) * (n_expert > 0 ? n_expert : 1));
-    if (!p->slot) {
+    p->n_slots = st_calloc((size_t)(n_layer > 0 ? n_layer : 1), sizeof(int32_t));
+    if (!p->slot || !p->n_slots) {
+        st_free(p->slot);
+        st_free(p->n_slots);
         st_free(p);
         return ST_ERR_NOMEM;
     }
@@ -26,6 +29,7 @@ st_status st_placement_create_host(int n_layer, int n_expert, st_placement **out
 void st_placement_free(st_placement *p) {
     if (!p) return;
     st_free(p->slot);
+    st_free(p->n_slots);
     st_free(p);
 }
 
@@ -60,7 +64,7 @@ void st_experts_free(st_experts *ex) {
     st_free(ex);
 }
 
-const uint64_t *st_experts_counts(const st_experts *ex) { return ex->counts; }
+const uint64_t *st_experts_counts(st_experts *ex) { return ex->counts; }
 
 // Work of one pass: for each active expert, its rows [r0, r1) of a weight matrix in chunks.
 typedef struct moe_pass {

@@ -54,6 +54,7 @@ static int imax(int a, int b) { return a > b ? a : b; }
 int st_state_pos(const st_state *s) { return s->pos; }
 int st_state_mtp_pos(const st_state *s) { return s->mtp_pos; }
 size_t st_state_bytes(const st_state *s) { return s->bytes; }
+const uint64_t *st_state_expert_counts(st_state *s) { return st_experts_counts(s->ex); }
 
 static void *take(st_state *s, size_t bytes, st_status *err) {
     if (*err) return NULL;

@@ -96,6 +96,8 @@ void st_state_free(st_state *s);
 int st_state_pos(const st_state *s);      // tokens consumed so far
 int st_state_mtp_pos(const st_state *s);  // rows in the MTP layer's KV cache
 size_t st_state_bytes(const st_state *s); // memory held (caches + buffers)
+// Routing counts since the state was created: (n_layer + n_mtp, n_expert).
+const uint64_t *st_state_expert_counts(st_state *s);
 
 // Snapshots: the KV rows up to the position and the recurrent state, restorable later.
 typedef struct st_snapshot st_snapshot;
