@@ -16,6 +16,7 @@ int st_cmd_eval(int argc, char **argv);
 int st_cmd_generate(int argc, char **argv);   // cmd_generate.c
 int st_cmd_chat(int argc, char **argv);       // cmd_generate.c (shares generate's options)
 int st_cmd_perplexity(int argc, char **argv);
+int st_cmd_profile(int argc, char **argv);    // cmd_profile.c
 int st_bench_model(int argc, char **argv);     // bench_model.c: `strata bench -m FILE`
 // Shared by the benchmarks (cmd_bench.c): memory-read GB/s with n threads (a streaming sum over
 // a buffer far larger than the caches), and the commit the binary was built from.

@@ -21,6 +21,7 @@ static const cmd cmds[] = {
     {"chat", st_cmd_chat, "interactive chat in the terminal"},
     {"perplexity", st_cmd_perplexity, "perplexity of a text file"},
     {"eval", st_cmd_eval, "write every position's logits for a token sequence"},
+    {"profile", st_cmd_profile, "count the experts the router picks over prompt files (an expert profile)"},
     {"devices", st_cmd_devices, "list the GPUs and whether Strata can use them"},
     {"bench", st_cmd_bench, "benchmarks (bench kernels, ...)"},
     {"tokenize", st_cmd_tokenize, "text to token ids (GGUF or tokenizer.json)"},
