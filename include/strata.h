@@ -26,6 +26,20 @@ typedef struct strata_model_params {
     // The environment variable STRATA_GPU gives the default when this is NULL.
     const char *gpu;
     int vram_reserve_mib;   // VRAM left free on the GPU; 0 = the default (STRATA_VRAM_RESERVE_MIB)
+    // The hybrid expert cache (docs/HYBRID.md): the GPU holds the dense weights and the experts
+    // routed to most; the CPU pool computes the rest from host memory.
+    const char *expert_cache;   // NULL or "auto": as many experts as fit; "N": at most N ("0": none)
+    const char *expert_profile; // routing counts (strata profile); NULL: MODEL.profile beside the
+                                // GGUF when there is one, else all experts equally hot
+    double vram_budget_gib;     // GPU memory Strata may use in all; 0 = what is free
+    int n_ctx;                  // context the GPU memory is planned for; 0 = the model's, at most 8192
+    int n_batch;                // prompt chunk rows planned for; 0 = 512
+    double resident_gib;        // page-locked copies of the experts the GPU lacks, hottest layers
+                                // first: 0 = none (read from the mapping), < 0 = all of them
+    int pool_workers;           // CPU threads computing experts beside a GPU; 0 = cores - 1
+    int adapt_every;            // windows between adaptive swaps; 0 = the default (32), < 0 = off
+    int adapt_swaps;            // swaps at most per decision; 0 = the default (8)
+    double adapt_decay;         // per-window decay of the routing scores; 0 = the default (0.95)
 } strata_model_params;
 #define STRATA_VRAM_RESERVE_MIB 384
 
@@ -58,6 +72,7 @@ typedef struct strata_session_params {
     int n_ctx;          // 0: the model's context, capped by available memory
     int n_batch;        // rows per forward call (prompt chunk); 0 = 512
     strata_kv_type kv_type;
+    bool count_experts; // count routing on the GPU too (strata profile); costs a little per layer
 } strata_session_params;
 
 strata_status strata_session_open(strata_model *m, const strata_session_params *p, strata_session **out);
@@ -103,6 +118,18 @@ void strata_snapshot_free(strata_snapshot *snap);
 // row-major, (n_layer + MTP layers) * n_expert values. n is counts' capacity; an error when it
 // is too small. These are what an expert profile holds (docs/EXPERT_PROFILE.md).
 strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, size_t n);
+
+// What the hybrid expert cache did for this session (all zero when every expert is on the GPU or
+// the model runs on the CPU): routed (row, choice) pairs the GPU's cache held (hits) or not
+// (misses), expert bytes streamed to the GPU for prompt chunks, adaptive swaps, seconds the CPU
+// pool computed misses, seconds the host then waited for the GPU's share (the GPU was the
+// longer side), seconds streaming and computing prompt-chunk misses.
+typedef struct strata_expert_stats {
+    uint64_t hits, misses, streamed_bytes, swaps;
+    double cpu_s, wait_s, stream_s;
+    int64_t cached, total;          // experts in the GPU's cache, experts in the model
+} strata_expert_stats;
+strata_expert_stats strata_session_expert_stats(const strata_session *s);
 
 // ---------------------------------------------------------------------------------------------
 // Text: the model's tokenizer and chat template (from the GGUF).

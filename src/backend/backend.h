@@ -97,7 +97,14 @@ typedef struct st_moe_args {
     const int32_t *ids;              // (n, k) chosen experts
     const float *weights;            // (n, k) their weights
     int n, k;
-    float *y;                        // (n, d) output (overwritten)
+    float *y;                        // (n, d) output
+    bool accumulate;                 // y += the experts' sum (else y =)
+    // Optional, backend memory. slot_map (n_expert): expert e is matrix slot_map[e] of the
+    // gate/up/down stacks (whose n is then the slot count), or -1: not here, skipped (it adds
+    // nothing; the experts module computes it elsewhere). NULL: expert e is matrix e.
+    const int32_t *slot_map;
+    int n_expert;                    // with slot_map: the router's expert count
+    uint32_t *counts;                // (n_expert) += 1 per routed (row, choice); NULL: not counted
 } st_moe_args;
 
 typedef struct st_backend st_backend;
@@ -192,6 +199,14 @@ typedef struct st_backend_ops {
     // Host <-> backend copies (identity copies on the CPU).
     void (*to_host)(st_backend *b, void *host, const void *src, size_t bytes);
     void (*from_host)(st_backend *b, void *dst, const void *host, size_t bytes);
+    // Device backends only (NULL on the CPU). Page-locked host memory, which the device reads and
+    // writes at the link's full speed; NULL + st_error when the OS refuses to lock that much.
+    void *(*host_alloc)(st_backend *b, size_t bytes);
+    void (*host_free)(st_backend *b, void *p);
+    // Starts copying backend memory to host memory (host_alloc memory: truly asynchronous) after
+    // the work queued so far, and returns at once; wait_copies waits for every copy started.
+    void (*to_host_async)(st_backend *b, void *host, const void *src, size_t bytes);
+    void (*wait_copies)(st_backend *b);
 } st_backend_ops;
 
 struct st_backend {

@@ -71,6 +71,7 @@ int st_bench_model(int argc, char **argv) {
     strata_model *m = NULL;
     mp.path = model;
     mp.n_threads = (int)threads;
+    mp.n_batch = (int)batch;
     if (strata_model_open(&mp, &m)) return st_cli_fail(ST_ERR_IO);
     strata_model_info info = strata_model_get_info(m);
     int nth = threads ? (int)threads : st_cpu_count();
@@ -136,6 +137,12 @@ int st_bench_model(int argc, char **argv) {
             char name[32];
             snprintf(name, sizeof name, is_decode ? "decode" : "prompt %d", n);
             printf("%-14s %8d %10.3f %12.1f\n", name, n, t1 - t0, n / (t1 - t0));
+            strata_expert_stats es = strata_session_expert_stats(s);
+            if (es.hits + es.misses)
+                printf("  experts: %lld of %lld cached, hit rate %.1f%%; CPU pool %.3f s, then waiting for the GPU "
+                       "%.3f s; streamed %.2f GiB in %.3f s; %llu swaps\n", (long long)es.cached, (long long)es.total,
+                       100.0 * es.hits / (double)(es.hits + es.misses), es.cpu_s, es.wait_s,
+                       es.streamed_bytes / 1073741824.0, es.stream_s, (unsigned long long)es.swaps);
             if (is_decode)
                 printf("\ndecode at %.0f%% of the bound\n", 100.0 * n / (t1 - t0) / (bw * 1e9 / (double)info.decode_bytes));
         }

@@ -40,7 +40,18 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
 #define ST_CLI_DEVICE_HELP                                                                     \
     "  --gpu auto|cpu|N       where the model runs (default auto: the first usable GPU when\n" \
     "                         the model fits on it, else the CPU; env STRATA_GPU)\n"           \
-    "  --vram-reserve-mib N   VRAM to leave free on the GPU (default 384)\n"
+    "  --vram-reserve-mib N   VRAM to leave free on the GPU (default 384)\n"                   \
+    "  --vram-budget-gib G    GPU memory Strata may use in all (default: what is free)\n"    \
+    "  --expert-cache auto|N  experts kept on the GPU (default auto: as many as fit)\n"      \
+    "  --expert-profile FILE  routing counts choosing them (default MODEL.profile if any)\n" \
+    "  --resident-experts     page-locked copies of the experts the GPU lacks (faster to\n"  \
+    "                         stream; default: read them from the file's mapping)\n"        \
+    "  --resident-budget-gib G  only G GiB of such copies, busiest layers first\n"           \
+    "  --mmap-experts         no copies: the mapping only (the default)\n"                   \
+    "  --pool-workers N       CPU threads computing experts beside the GPU (default cores-1)\n" \
+    "  --adapt-every N        windows between expert cache swaps (default 32; 0 = off)\n"     \
+    "  --adapt-swaps K        swaps at most each time (default 8)\n"                         \
+    "  --adapt-decay F        per-window decay of the routing counts (default 0.95)\n"
 
 // Prints "strata: <message>" for a failed status and returns exit code 1.
 int st_cli_fail(st_status s);

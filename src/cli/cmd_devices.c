@@ -1,6 +1,7 @@
 // cli: `strata devices` (the GPUs and whether Strata can use them) and the device flags the
 // model-running subcommands share (--gpu, --vram-reserve-mib).
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,66 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
         int64_t mib = 0;
         if (!*bad && !st_cli_int("--vram-reserve-mib", v, 1, 1 << 20, &mib)) *bad = true;
         mp->vram_reserve_mib = (int)mib;
+        return true;
+    }
+    // The hybrid expert cache (docs/HYBRID.md).
+    if (st_cli_opt(argc, argv, i, "--expert-cache", &v, bad)) {
+        int64_t n = 0;
+        if (!*bad && strcmp(v, "auto") && !st_cli_int("--expert-cache", v, 0, INT64_MAX / 2, &n)) *bad = true;
+        mp->expert_cache = v;
+        return true;
+    }
+    if (st_cli_opt(argc, argv, i, "--expert-profile", &v, bad)) {
+        mp->expert_profile = v;
+        return true;
+    }
+    double f = 0;
+    int64_t n = 0;
+    if (st_cli_opt(argc, argv, i, "--vram-budget-gib", &v, bad)) {
+        if (!*bad && (!st_cli_float("--vram-budget-gib", v, &f) || f <= 0)) {
+            if (f <= 0) fprintf(stderr, "strata: --vram-budget-gib: '%s' must be a positive number of GiB\n", v);
+            *bad = true;
+        }
+        mp->vram_budget_gib = f;
+        return true;
+    }
+    if (!strcmp(argv[*i], "--resident-experts")) {
+        mp->resident_gib = -1;
+        return true;
+    }
+    if (!strcmp(argv[*i], "--mmap-experts")) {
+        mp->resident_gib = 0;
+        return true;
+    }
+    if (st_cli_opt(argc, argv, i, "--resident-budget-gib", &v, bad)) {
+        if (!*bad && (!st_cli_float("--resident-budget-gib", v, &f) || f < 0)) {
+            if (f < 0) fprintf(stderr, "strata: --resident-budget-gib: '%s' must be 0 or more GiB\n", v);
+            *bad = true;
+        }
+        mp->resident_gib = f;
+        return true;
+    }
+    if (st_cli_opt(argc, argv, i, "--pool-workers", &v, bad)) {
+        if (!*bad && !st_cli_int("--pool-workers", v, 1, 1024, &n)) *bad = true;
+        mp->pool_workers = (int)n;
+        return true;
+    }
+    if (st_cli_opt(argc, argv, i, "--adapt-every", &v, bad)) {
+        if (!*bad && !st_cli_int("--adapt-every", v, 0, 1 << 30, &n)) *bad = true;
+        mp->adapt_every = n ? (int)n : -1;
+        return true;
+    }
+    if (st_cli_opt(argc, argv, i, "--adapt-swaps", &v, bad)) {
+        if (!*bad && !st_cli_int("--adapt-swaps", v, 1, 64, &n)) *bad = true;
+        mp->adapt_swaps = (int)n;
+        return true;
+    }
+    if (st_cli_opt(argc, argv, i, "--adapt-decay", &v, bad)) {
+        if (!*bad && (!st_cli_float("--adapt-decay", v, &f) || f <= 0 || f > 1)) {
+            if (f <= 0 || f > 1) fprintf(stderr, "strata: --adapt-decay: '%s' must be in (0, 1]\n", v);
+            *bad = true;
+        }
+        mp->adapt_decay = f;
         return true;
     }
     return false;

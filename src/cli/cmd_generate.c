@@ -159,6 +159,8 @@ static int open_all(const gen_opts *o, int min_ctx, strata_model **m, strata_ses
     strata_model_params mp = o->mp;
     mp.path = o->model;
     mp.n_threads = (int)o->threads;
+    mp.n_ctx = (int)o->ctx;
+    mp.n_batch = (int)o->batch;
     if (strata_model_open(&mp, m)) return st_cli_fail(ST_ERR_IO);
     int ctx = (int)o->ctx;
     if (ctx && ctx < min_ctx) ctx = min_ctx;

@@ -127,7 +127,7 @@ static void progress(int64_t done, int64_t total, bool file_done) {
 static int run_prompt(strata_model *m, const strata_model_info *info, const prompt *pr, int batch, float *hidden,
                       uint64_t *cnt, uint64_t *total, size_t n_cells, int64_t *done, int64_t all) {
     strata_session *s;
-    strata_session_params sp = {.n_ctx = pr->n, .n_batch = batch};
+    strata_session_params sp = {.n_ctx = pr->n, .n_batch = batch, .count_experts = true};
     if (strata_session_open(m, &sp, &s)) return 1;
     int rc = 1;
     for (int a = 0; a < pr->n; a += batch) {
@@ -213,6 +213,8 @@ int st_cmd_profile(int argc, char **argv) {
         }
     }
     mp.path = model;
+    mp.n_ctx = (int)ctx;
+    mp.n_batch = (int)batch;
     mp.n_threads = (int)threads;
     if (strata_model_open(&mp, &m)) {
         fprintf(stderr, "strata: %s\n", strata_error());

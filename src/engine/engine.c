@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "strata.h"
 #include "backend/backend.h"
@@ -18,6 +19,7 @@ struct strata_model {
     st_model *model;
     st_backend *backend;
     int gpu;                      // -1: the CPU backend
+    int plan_ctx;                 // the context the GPU's memory was planned for (0: none)
     st_tokenizer *tok;            // NULL when the file has no (usable) tokenizer
     char tok_error[256];          // why, for the first call that needs it
     st_chat_template *tmpl;       // NULL when the file has no chat template
@@ -33,6 +35,65 @@ struct strata_session {
 };
 
 const char *strata_error(void) { return st_error(); }
+
+// The expert profile for a model: the file asked for, or MODEL.profile beside the GGUF.
+static st_status load_profile(const st_model *mo, const char *gguf_path, const char *asked, uint64_t **out) {
+    *out = NULL;
+    const st_hparams *hp = &mo->hp;
+    char path[4096];
+    if (asked) {
+        snprintf(path, sizeof path, "%s", asked);
+    } else {
+        size_t n = strlen(gguf_path);
+        if (n > 5 && !strcmp(gguf_path + n - 5, ".gguf")) n -= 5;
+        snprintf(path, sizeof path, "%.*s.profile", (int)n, gguf_path);
+        if (access(path, R_OK)) return ST_OK; // none: all experts equally hot
+    }
+    uint64_t *c = st_calloc((size_t)(hp->n_layer + hp->n_mtp) * hp->n_expert, sizeof(uint64_t));
+    if (!c) return ST_ERR_NOMEM;
+    st_status s = st_profile_load(path, hp->n_layer, hp->n_mtp, hp->n_expert, c);
+    if (s) {
+        st_free(c);
+        if (asked) return st_fail_prefix(s, "--expert-profile");
+        // One found beside the model but unusable (stale, or being rewritten by strata profile):
+        // said once, and every expert is taken as equally hot.
+        st_log_info("expert profile beside the model not used: %s; all experts taken as equally hot", st_error());
+        return ST_OK;
+    }
+    st_log_info("expert profile: %s", path);
+    *out = c;
+    return ST_OK;
+}
+
+// What the GPU's memory is planned for (strata_model_params -> st_place_params).
+static st_status place_params(strata_model *m, const strata_model_params *p, st_place_params *pp, uint64_t **profile) {
+    const st_model *mo = m->model;
+    *pp = (st_place_params){.expert_slots = -1};
+    const char *ec = p->expert_cache;
+    if (ec && strcmp(ec, "auto")) {
+        char *end;
+        long long v = strtoll(ec, &end, 10);
+        if (*end || end == ec || v < 0)
+            return st_fail(ST_ERR_ARG, "--expert-cache '%s': expected auto or a number of experts (0 = none)", ec);
+        pp->expert_slots = v;
+    }
+    if (p->vram_budget_gib < 0 || p->vram_budget_gib > 1e6)
+        return st_fail(ST_ERR_ARG, "--vram-budget-gib %g: must be positive", p->vram_budget_gib);
+    pp->vram_budget = (size_t)(p->vram_budget_gib * 1073741824.0);
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : mo->hp.n_ctx_train < 8192 ? mo->hp.n_ctx_train : 8192;
+    st_state_params sp = {.n_ctx = n_ctx, .n_batch = p->n_batch > 0 ? p->n_batch : 512, .kv_type = ST_KV_F16};
+    pp->keep_bytes = st_state_plan_bytes(mo, &sp);
+    m->plan_ctx = n_ctx;
+    pp->resident_bytes = p->resident_gib < 0 ? SIZE_MAX : (size_t)(p->resident_gib * 1073741824.0);
+    pp->adapt_every = p->adapt_every < 0 ? 0 : p->adapt_every > 0 ? p->adapt_every : 32;
+    pp->adapt_swaps = p->adapt_swaps > 0 ? (p->adapt_swaps < 64 ? p->adapt_swaps : 64) : 8;
+    pp->adapt_decay = p->adapt_decay > 0 ? p->adapt_decay : 0.95;
+    if (p->adapt_decay < 0 || p->adapt_decay > 1)
+        return st_fail(ST_ERR_ARG, "--adapt-decay %g: must be in (0, 1]", p->adapt_decay);
+    ST_TRY(load_profile(mo, p->path, p->expert_profile, profile));
+    pp->profile = *profile;
+    return ST_OK;
+}
 
 // Picks the backend (strata_model_params.gpu) and places the weights on it.
 static st_status open_backend(strata_model *m, const strata_model_params *p, int threads) {
@@ -62,8 +123,13 @@ static st_status open_backend(strata_model *m, const strata_model_params *p, int
         index = (int)v;
     }
     size_t reserve = (size_t)(p->vram_reserve_mib > 0 ? p->vram_reserve_mib : STRATA_VRAM_RESERVE_MIB) << 20;
-    st_status s = st_backend_cuda_create(index, reserve, threads, &m->backend);
-    if (!s) s = st_model_place(m->model, m->backend);
+    int workers = p->pool_workers > 0 ? p->pool_workers : threads > 1 ? threads - 1 : 1;
+    st_status s = st_backend_cuda_create(index, reserve, workers, &m->backend);
+    uint64_t *profile = NULL;
+    st_place_params pp;
+    if (!s) s = place_params(m, p, &pp, &profile);
+    if (!s) s = st_model_place(m->model, m->backend, &pp);
+    st_free(profile);
     if (s && autopick) { // the model or the card is not fit: the CPU runs it, and says why
         st_log_info("running on the CPU: %s", st_error());
         st_backend_free(m->backend);
@@ -82,7 +148,7 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     if (!s) s = st_model_load(m->gguf, &m->model);
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
     if (!s) s = open_backend(m, p, threads);
-    if (!s && m->gpu < 0) s = st_model_place(m->model, m->backend); // says where the weights are
+    if (!s && m->gpu < 0) s = st_model_place(m->model, m->backend, NULL); // says where the weights are
     if (!s && st_tokenizer_load_gguf(m->gguf, &m->tok))
         snprintf(m->tok_error, sizeof m->tok_error, "%s", st_error());
     if (!s && st_chat_template_from_gguf(m->gguf, &m->tmpl))
@@ -152,8 +218,8 @@ int strata_model_gpu_stats(const strata_model *m, strata_gpu_stats *out, int max
 strata_status strata_session_open(strata_model *m, const strata_session_params *p, strata_session **out) {
     *out = NULL;
     const st_hparams *hp = &m->model->hp;
-    int n_ctx = p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
-    if (p->n_ctx <= 0) { // the model's context, capped so the KV cache takes at most half the free memory
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : m->plan_ctx > 0 ? m->plan_ctx : hp->n_ctx_train;
+    if (p->n_ctx <= 0 && m->plan_ctx <= 0) { // the model's context, capped so the KV cache takes at most half the free memory
         int attn_layers = 0;
         for (int i = 0; i < hp->n_layer + hp->n_mtp; i++) attn_layers += !m->model->layers[i].recurrent;
         size_t per_pos = (size_t)attn_layers * 2 *
@@ -173,6 +239,7 @@ strata_status strata_session_open(strata_model *m, const strata_session_params *
         .n_ctx = n_ctx,
         .n_batch = p->n_batch > 0 ? p->n_batch : 512,
         .kv_type = p->kv_type == STRATA_KV_Q8_0 ? ST_KV_Q8_0 : ST_KV_F16,
+        .count_experts = p->count_experts,
     };
     strata_session *s = st_calloc(1, sizeof *s);
     if (!s) return ST_ERR_NOMEM;
@@ -200,6 +267,16 @@ void strata_session_close(strata_session *s) {
 int strata_session_pos(const strata_session *s) { return st_state_pos(s->state); }
 strata_model *st_engine_session_model(const strata_session *s) { return s->m; }
 int strata_session_ctx(const strata_session *s) { return s->n_ctx; }
+
+strata_expert_stats strata_session_expert_stats(const strata_session *s) {
+    st_experts_stats x = st_state_expert_stats(s->state);
+    const st_placement *p = s->m->model->placement;
+    strata_expert_stats r = {.hits = x.hits, .misses = x.misses, .streamed_bytes = x.streamed_bytes,
+                             .swaps = x.swaps, .cpu_s = x.cpu_s, .wait_s = x.wait_s, .stream_s = x.stream_s,
+                             .total = (int64_t)p->n_layer * p->n_expert};
+    for (int l = 0; l < p->n_layer; l++) r.cached += p->n_slots[l];
+    return r;
+}
 
 strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, size_t n) {
     const st_hparams *hp = &s->m->model->hp;

@@ -36,19 +36,37 @@ void st_placement_free(st_placement *p) {
 // ---------------------------------------------------------------------------------------------
 
 struct st_experts {
-    const st_placement *placement;
+    st_experts_params p;
+    st_backend *b;           // the device backend its buffers belong to (NULL: none yet)
     uint64_t *counts;        // (n_layer, n_expert)
-    // Workspace, grown to the largest batch seen (a session reserves it before decoding).
+    st_experts_stats stats;
+    // Workspace of the CPU pool, grown to the largest batch seen.
     size_t ws_bytes;
     char *ws;
+    // Device backends: page-locked copies of a layer's routing and input rows, the CPU's
+    // results, and the staging stacks experts are streamed into for prompt chunks.
+    size_t pin_bytes;
+    char *pin;
+    float *y_dev;            // (n, d) the CPU's results on the device
+    size_t y_dev_bytes;
+    st_expert_weights stage; // ST_STAGE_BYTES worth of slots (n = how many of this shape fit)
+    void *stage_mem;
+    size_t stage_bytes;
+    int32_t *stage_map_dev;  // (n_expert)
+    int32_t *stage_map;      // (n_expert) host
+    uint32_t *counts_dev;    // (n_layer, n_expert) routing counted on the device
 };
 
-st_status st_experts_create(const st_placement *placement, st_experts **out) {
+// Device memory for experts streamed to the GPU per prompt chunk (planned with the KV cache).
+#define ST_STAGE_BYTES ((size_t)512 << 20)
+size_t st_experts_stage_bytes(void) { return ST_STAGE_BYTES; }
+
+st_status st_experts_create(const st_experts_params *p, st_experts **out) {
     *out = NULL;
     st_experts *ex = st_calloc(1, sizeof *ex);
     if (!ex) return ST_ERR_NOMEM;
-    ex->placement = placement;
-    ex->counts = st_calloc((size_t)placement->n_layer * placement->n_expert, sizeof(uint64_t));
+    ex->p = *p;
+    ex->counts = st_calloc((size_t)p->placement->n_layer * p->placement->n_expert, sizeof(uint64_t));
     if (!ex->counts) {
         st_free(ex);
         return ST_ERR_NOMEM;
@@ -57,14 +75,25 @@ st_status st_experts_create(const st_placement *placement, st_experts **out) {
     return ST_OK;
 }
 
+static void free_device(st_experts *ex, st_backend *b) {
+    if (!b) return;
+    b->ops->free(b, ex->y_dev);
+    b->ops->free(b, ex->stage_mem);
+    b->ops->free(b, ex->stage_map_dev);
+    b->ops->free(b, ex->counts_dev);
+    if (ex->pin) b->ops->host_free(b, ex->pin);
+}
+
 void st_experts_free(st_experts *ex) {
     if (!ex) return;
+    free_device(ex, ex->b);
+    st_free(ex->stage_map);
     st_free(ex->counts);
     st_free(ex->ws);
     st_free(ex);
 }
 
-const uint64_t *st_experts_counts(st_experts *ex) { return ex->counts; }
+st_experts_stats st_experts_get_stats(const st_experts *ex) { return ex->stats; }
 
 // Work of one pass: for each active expert, its rows [r0, r1) of a weight matrix in chunks.
 typedef struct moe_pass {
@@ -139,29 +168,18 @@ static void run_pass(st_pool *pool, moe_pass *p, int64_t rows) {
     st_pool_run(pool, moe_pass_worker, p);
 }
 
-// Every expert of the layer has a device slot: the backend computes the layer on its own.
-static bool layer_on_device(const st_placement *p, int layer) {
-    for (int e = 0; e < p->n_expert; e++)
-        if (st_placement_get(p, layer, e) == ST_PLACE_HOST) return false;
-    return true;
-}
-
-st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a) {
-    if (b->ops->moe && layer_on_device(ex->placement, a->layer)) {
-        b->ops->moe(b, a);
-        return ST_OK;
-    }
-    if (!b->ops->host_memory)
-        return st_fail(ST_ERR_UNSUPPORTED, "layer %d: experts kept in host memory with the %s backend are not "
-                       "supported yet (the hybrid expert cache); the whole model must fit on the GPU",
-                       a->layer, b->ops->name);
-    const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
-    int n = a->n, k = a->k, d = (int)gate->cols, F = (int)gate->rows, E = (int)gate->n;
+// y (n, d) = the experts of w chosen by ids (n, k), weighted; with `only` set, just the
+// assignments whose expert is ST_PLACE_HOST there (the rest add nothing). Host memory; rows
+// grouped by expert so each expert's weights are read once, the work spread over the pool.
+static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights *w, int layer, const float *x,
+                          const int32_t *ids, const float *weights, int n, int k, const st_placement *only, float *y) {
+    const st_mat3 *gate = &w->gate, *up = &w->up, *down = &w->down;
+    int d = (int)gate->cols, F = (int)gate->rows, E = (int)gate->n;
     int na = n * k;
     st_type gdt = st_type_get(gate->type)->dot_type, ddt = st_type_get(down->type)->dot_type;
     if (st_type_get(up->type)->dot_type != gdt)
         return st_fail(ST_ERR_UNSUPPORTED, "layer %d: expert gate (%s) and up (%s) need different "
-                       "activation types", a->layer, st_type_name(gate->type), st_type_name(up->type));
+                       "activation types", layer, st_type_name(gate->type), st_type_name(up->type));
     size_t xs = st_row_bytes(gdt, d), hs = st_row_bytes(ddt, F);
 
     // Workspace: expert lists, quantized inputs, gate/up/act outputs, down outputs.
@@ -193,52 +211,286 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
 #undef TAKE
 
     // Group the (row, slot) assignments by expert: order[] lists them expert by expert, and
-    // start[j] .. start[j+1] is active expert j's range of it.
+    // start[j] .. start[j+1] is active expert j's range of it. Assignments left out (another
+    // device computes them) come last and are not computed.
     memset(count, 0, sizeof(int32_t) * E);
     for (int i = 0; i < na; i++) {
-        ST_ASSERT(a->ids[i] >= 0 && a->ids[i] < E);
-        count[a->ids[i]]++;
+        ST_ASSERT(ids[i] >= 0 && ids[i] < E);
+        if (!only || st_placement_get(only, layer, ids[i]) == ST_PLACE_HOST) count[ids[i]]++;
     }
     int n_active = 0, pos = 0;
     for (int e = 0; e < E; e++) {
         if (!count[e]) continue;
-        ex->counts[(size_t)a->layer * E + e] += (uint64_t)count[e];
         experts[n_active] = e;
         start[n_active++] = pos;
         int c = count[e];
         count[e] = pos; // becomes the insert cursor
         pos += c;
     }
-    start[n_active] = na;
-    for (int i = 0; i < na; i++) order[count[a->ids[i]]++] = i;
+    start[n_active] = pos;
+    int valid = pos;
+    memset(y, 0, sizeof(float) * (size_t)n * d);
+    if (valid == 0) return ST_OK;
+    for (int i = 0; i < na; i++)
+        if (!only || st_placement_get(only, layer, ids[i]) == ST_PLACE_HOST) order[count[ids[i]]++] = i;
 
     // Quantize each assignment's input row in grouped order.
-    act_job qj = {.x = a->x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = na};
-    st_pool_run(b->pool, quantize_inputs, &qj);
+    act_job qj = {.x = x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = valid};
+    st_pool_run(pool, quantize_inputs, &qj);
 
     moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
                    .start = start, .n_active = n_active};
-    run_pass(b->pool, &p1, F);
+    run_pass(pool, &p1, F);
 
-    act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = na};
-    st_pool_run(b->pool, swiglu_quantize, &aj);
+    act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
+    st_pool_run(pool, swiglu_quantize, &aj);
 
     moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
                    .start = start, .n_active = n_active};
-    run_pass(b->pool, &p2, d);
+    run_pass(pool, &p2, d);
 
     // Weighted sum back into rows, slot by slot in a fixed order so the result does not depend
-    // on how rows were grouped. inv[assignment] = its grouped index (hu is free now).
+    // on how rows were grouped. inv[assignment] = its grouped index or -1 (hu is free now).
     int32_t *inv = (int32_t *)hu;
-    for (int gi = 0; gi < na; gi++) inv[order[gi]] = gi;
-    memset(a->y, 0, sizeof(float) * (size_t)n * d);
+    for (int i = 0; i < na; i++) inv[i] = -1;
+    for (int gi = 0; gi < valid; gi++) inv[order[gi]] = gi;
     for (int i = 0; i < n; i++) {
-        float *y = a->y + (size_t)i * d;
+        float *yr = y + (size_t)i * d;
         for (int j = 0; j < k; j++) {
+            if (inv[i * k + j] < 0) continue;
             const float *o = yo + (size_t)inv[i * k + j] * d;
-            float w = a->weights[i * k + j];
-            for (int c = 0; c < d; c++) y[c] += w * o[c];
+            float wt = weights[i * k + j];
+            for (int c = 0; c < d; c++) yr[c] += wt * o[c];
         }
     }
     return ST_OK;
+}
+
+static void count_routing(st_experts *ex, int layer, const int32_t *ids, int na, int n_expert) {
+    for (int i = 0; i < na; i++)
+        if (ids[i] >= 0 && ids[i] < n_expert) ex->counts[(size_t)layer * n_expert + ids[i]]++;
+}
+
+static void shared_expert(st_backend *b, const st_moe_shared *sh, const float *x, int n, int d) {
+    st_mat gate_inp = {ST_TYPE_F32, d, 1, sizeof(float) * d, sh->gate_inp};
+    b->ops->matmul(b, sh->gate, x, n, sh->g);
+    b->ops->matmul(b, sh->up, x, n, sh->u);
+    b->ops->swiglu(b, sh->g, sh->u, sh->g, (int64_t)n * sh->gate->rows);
+    b->ops->matmul(b, sh->down, sh->g, n, sh->o);
+    b->ops->matmul(b, &gate_inp, x, n, sh->s);
+}
+
+// Grows a device buffer (contents lost); false with the error set when the device is full.
+static bool grow(st_backend *b, void **buf, size_t *have, size_t need) {
+    if (need <= *have) return true;
+    b->ops->free(b, *buf);
+    *have = 0;
+    if (!(*buf = b->ops->alloc(b, need))) return false;
+    *have = need;
+    return true;
+}
+
+// Rows of a window at most this big have their missed experts computed by the CPU pool; larger
+// batches (prompt chunks) stream the missed experts to the device and compute them there.
+#define ST_CPU_MISS_ROWS 16
+
+// The experts of a layer the device's cache lacks, streamed to the device in runs of consecutive
+// ids (one copy per matrix per run) and computed there, adding into a->y.
+static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args *a, const int32_t *ids) {
+    const st_placement *pl = ex->p.placement;
+    const st_expert_weights *w = &ex->p.arena->w[a->layer];
+    int E = (int)w->gate.n, na = a->n * a->k, l = a->layer;
+    size_t per = st_expert_bytes(w);
+    int cap = (int)(ST_STAGE_BYTES / per);
+    if (cap < 1) cap = 1;
+    if (cap > E) cap = E;
+    if (!ex->stage_map && !(ex->stage_map = st_alloc(sizeof(int32_t) * (size_t)E))) return ST_ERR_NOMEM;
+    if (!ex->stage_map_dev && !(ex->stage_map_dev = b->ops->alloc(b, sizeof(int32_t) * (size_t)E)))
+        return st_fail_prefix(ST_ERR_NOMEM, "expert staging map");
+    if (!grow(b, &ex->stage_mem, &ex->stage_bytes, (size_t)cap * per))
+        return st_fail_prefix(ST_ERR_NOMEM, "expert staging (%d experts)", cap);
+    char *need = (char *)ex->ws; // (E) flags; the host workspace is not in use here
+    if (ex->ws_bytes < (size_t)E) {
+        st_free(ex->ws);
+        ex->ws_bytes = 0;
+        if (!(ex->ws = st_alloc((size_t)E))) return ST_ERR_NOMEM;
+        ex->ws_bytes = (size_t)E;
+        need = ex->ws;
+    }
+    memset(need, 0, (size_t)E);
+    for (int i = 0; i < na; i++)
+        if (ids[i] >= 0 && ids[i] < E && st_placement_get(pl, l, ids[i]) == ST_PLACE_HOST) need[ids[i]] = 1;
+    double t0 = st_time_s();
+    st_expert_weights st = st_expert_stack(w, cap, ex->stage_mem);
+    for (int e0 = 0; e0 < E;) {
+        // The next batch: up to cap needed experts, copied in runs.
+        for (int e = 0; e < E; e++) ex->stage_map[e] = -1;
+        int used = 0, e = e0;
+        while (e < E && used < cap) {
+            if (!need[e]) {
+                e++;
+                continue;
+            }
+            int run = 0;
+            while (e + run < E && need[e + run] && used + run < cap) {
+                ex->stage_map[e + run] = used + run;
+                run++;
+            }
+            st_expert_upload(b, &st, w, used, e, run);
+            ex->stats.streamed_bytes += (uint64_t)run * per;
+            used += run;
+            e += run;
+        }
+        e0 = e;
+        if (!used) break;
+        b->ops->from_host(b, ex->stage_map_dev, ex->stage_map, sizeof(int32_t) * (size_t)E);
+        st.gate.n = st.up.n = st.down.n = used;
+        st_moe_args m = *a;
+        m.gate = &st.gate;
+        m.up = &st.up;
+        m.down = &st.down;
+        m.slot_map = ex->stage_map_dev;
+        m.n_expert = E;
+        m.accumulate = true;
+        m.counts = NULL;
+        b->ops->moe(b, &m);
+    }
+    ST_TRY(b->ops->sync(b));
+    ex->stats.stream_s += st_time_s() - t0;
+    return ST_OK;
+}
+
+// A layer some of whose experts the device lacks: the shared expert and the cached experts on
+// the device, while the CPU pool computes the missed ones (small windows) or they are streamed
+// to the device (prompt chunks); then the sum.
+static st_status hybrid(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
+    const st_placement *pl = ex->p.placement;
+    const st_expert_cache *c = ex->p.cache;
+    int l = a->layer, n = a->n, k = a->k, na = n * k, E = pl->n_expert;
+    int d = (int)a->gate->cols;
+    bool cpu = n <= ST_CPU_MISS_ROWS;
+    ex->b = b;
+    // Page-locked: ids, weights, and for the CPU the input rows and its results.
+    size_t ids_b = (sizeof(int32_t) * (size_t)na + 63) / 64 * 64, w_b = (sizeof(float) * (size_t)na + 63) / 64 * 64;
+    size_t x_b = cpu ? sizeof(float) * (size_t)n * d : 0;
+    size_t pin_need = ids_b + w_b + 2 * x_b;
+    if (pin_need > ex->pin_bytes) {
+        if (ex->pin) b->ops->host_free(b, ex->pin);
+        ex->pin_bytes = 0;
+        if (!(ex->pin = b->ops->host_alloc(b, pin_need))) return st_fail_prefix(ST_ERR_NOMEM, "expert routing buffers");
+        ex->pin_bytes = pin_need;
+    }
+    int32_t *h_ids = (int32_t *)ex->pin;
+    float *h_w = (float *)(ex->pin + ids_b), *h_x = (float *)(ex->pin + ids_b + w_b), *h_y = h_x + (size_t)n * d;
+    b->ops->to_host_async(b, h_ids, a->ids, sizeof(int32_t) * (size_t)na);
+    if (cpu) {
+        b->ops->to_host_async(b, h_w, a->weights, sizeof(float) * (size_t)na);
+        b->ops->to_host_async(b, h_x, a->x, sizeof(float) * (size_t)n * d);
+    }
+    // Queued behind those copies: the shared expert and the cached experts.
+    if (sh) shared_expert(b, sh, a->x, n, d);
+    st_moe_args g = *a;
+    g.gate = &c->slots[l].gate;
+    g.up = &c->slots[l].up;
+    g.down = &c->slots[l].down;
+    g.slot_map = c->map_dev + (size_t)l * E;
+    g.n_expert = E;
+    g.accumulate = false;
+    g.counts = NULL;
+    b->ops->moe(b, &g);
+    b->ops->wait_copies(b);
+    count_routing(ex, l, h_ids, na, E);
+    int miss = 0;
+    for (int i = 0; i < na; i++) miss += st_placement_get(pl, l, h_ids[i]) == ST_PLACE_HOST;
+    ex->stats.hits += (uint64_t)(na - miss);
+    ex->stats.misses += (uint64_t)miss;
+    ex->stats.layers++;
+    if (miss && cpu) {
+        double t0 = st_time_s();
+        ST_TRY(host_moe(ex, b->pool, &ex->p.arena->w[l], l, h_x, h_ids, h_w, n, k, pl, h_y));
+        double t1 = st_time_s();
+        if (!grow(b, (void **)&ex->y_dev, &ex->y_dev_bytes, sizeof(float) * (size_t)n * d))
+            return st_fail_prefix(ST_ERR_NOMEM, "expert results");
+        b->ops->from_host(b, ex->y_dev, h_y, sizeof(float) * (size_t)n * d); // waits for the GPU's share
+        ex->stats.cpu_s += t1 - t0;
+        ex->stats.wait_s += st_time_s() - t1;
+        b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
+    } else if (miss) {
+        ST_TRY(stream_misses(ex, b, a, h_ids));
+    }
+    if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
+    return ST_OK;
+}
+
+st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
+    const st_placement *pl = ex->p.placement;
+    int l = a->layer, n = a->n, d = (int)a->gate->cols, E = pl->n_expert;
+    if (b->ops->host_memory) { // the CPU: every expert here
+        count_routing(ex, l, a->ids, n * a->k, E);
+        st_expert_weights w = {*a->gate, *a->up, *a->down};
+        ST_TRY(host_moe(ex, b->pool, &w, l, a->x, a->ids, a->weights, n, a->k, NULL, a->y));
+        if (sh) {
+            shared_expert(b, sh, a->x, n, d);
+            b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
+        }
+        return ST_OK;
+    }
+    const st_expert_cache *c = ex->p.cache;
+    if (!c) return st_fail(ST_ERR_UNSUPPORTED, "layer %d: no expert cache on the %s backend", l, b->ops->name);
+    if (pl->n_slots[l] < E) return hybrid(ex, b, a, sh);
+    // Every expert of the layer on the device.
+    st_moe_args g = *a;
+    g.gate = &c->slots[l].gate;
+    g.up = &c->slots[l].up;
+    g.down = &c->slots[l].down;
+    g.slot_map = c->map_dev + (size_t)l * E;
+    g.n_expert = E;
+    g.accumulate = false;
+    g.counts = NULL;
+    if (ex->p.count_on_device) {
+        ex->b = b;
+        size_t cb = sizeof(uint32_t) * (size_t)pl->n_layer * E;
+        if (!ex->counts_dev) {
+            if (!(ex->counts_dev = b->ops->alloc(b, cb))) return st_fail_prefix(ST_ERR_NOMEM, "routing counts");
+            b->ops->zero(b, ex->counts_dev, cb);
+        }
+        g.counts = ex->counts_dev + (size_t)l * E;
+    }
+    b->ops->moe(b, &g);
+    if (sh) {
+        shared_expert(b, sh, a->x, n, d);
+        b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
+    }
+    return ST_OK;
+}
+
+bool st_experts_device_only(const st_experts *ex) {
+    const st_placement *pl = ex->p.placement;
+    for (int l = 0; l < pl->n_layer; l++)
+        if (pl->n_slots[l] < pl->n_expert) return false;
+    return true;
+}
+
+const uint64_t *st_experts_counts(st_experts *ex) {
+    const st_placement *pl = ex->p.placement;
+    if (ex->counts_dev && ex->b) { // the device's counts of fully cached layers join the host's
+        size_t n = (size_t)pl->n_layer * pl->n_expert;
+        uint32_t *tmp = st_alloc(sizeof(uint32_t) * n);
+        if (tmp) {
+            ex->b->ops->to_host(ex->b, tmp, ex->counts_dev, sizeof(uint32_t) * n);
+            ex->b->ops->zero(ex->b, ex->counts_dev, sizeof(uint32_t) * n);
+            for (size_t i = 0; i < n; i++) ex->counts[i] += tmp[i];
+            st_free(tmp);
+        }
+    }
+    return ex->counts;
+}
+
+void st_experts_window_done(st_experts *ex, st_backend *b) {
+    st_adapt *ad = ex->p.adapt;
+    if (!ad || !ex->p.cache || b->ops->host_memory) return;
+    st_swap sw[64];
+    int ns = st_adapt_window(ad, ex->p.placement, st_experts_counts(ex), sw);
+    for (int i = 0; i < ns; i++) st_expert_cache_swap(b, ex->p.cache, ex->p.placement, ex->p.arena->w, &sw[i]);
+    ex->stats.swaps += (uint64_t)ns;
 }

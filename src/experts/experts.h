@@ -69,11 +69,111 @@ void st_adapt_free(st_adapt *a);
 int st_adapt_window(st_adapt *a, st_placement *p, const uint64_t *counts, st_swap *out);
 
 // ---------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
+// A device's expert cache and the host arena.
+
+// One layer's routed experts: stacks of n matrices (gate, up: (F, d); down: (d, F)).
+typedef struct st_expert_weights {
+    st_mat3 gate, up, down;
+} st_expert_weights;
+
+// Bytes of one expert (gate + up + down rows; 0 for a layer without experts).
+static inline size_t st_expert_bytes(const st_expert_weights *w) {
+    return w->gate.n ? (size_t)w->gate.rows * w->gate.row_bytes + (size_t)w->up.rows * w->up.row_bytes +
+                           (size_t)w->down.rows * w->down.row_bytes
+                     : 0;
+}
+// Compact stacks of n experts shaped like `like`, gate then up then down in mem (n *
+// st_expert_bytes(like) bytes).
+st_expert_weights st_expert_stack(const st_expert_weights *like, int n, void *mem);
+// Copies experts e .. e+count-1 of host stacks src into slots slot.. of device stacks dst.
+void st_expert_upload(st_backend *b, const st_expert_weights *dst, const st_expert_weights *src, int slot, int e,
+                      int count);
+
+// Per layer, a stack of n_slots[l] experts for each of gate, up and down in backend memory, and
+// the device copy of the placement's slot map (what ops->moe reads).
+typedef struct st_expert_cache {
+    int n_layer, n_expert;
+    st_expert_weights *slots;     // (n_layer) stacks, n = the layer's slot count (data NULL: none)
+    int32_t *map_dev;             // (n_layer, n_expert) backend memory: the placement's slots
+    size_t bytes;                 // backend memory held by the stacks
+} st_expert_cache;
+
+// Allocates the stacks placement p asks for and copies the chosen experts of w (n_layer host
+// stacks) into them.
+st_status st_expert_cache_create(st_backend *b, const st_placement *p, const st_expert_weights *w,
+                                 st_expert_cache **out);
+void st_expert_cache_free(st_backend *b, st_expert_cache *c);
+// Carries out a swap st_adapt_window decided (p already updated): copies the incoming expert's
+// weights into its slot and updates the device map.
+void st_expert_cache_swap(st_backend *b, st_expert_cache *c, const st_placement *p, const st_expert_weights *w,
+                          const st_swap *sw);
+
+// Where the CPU reads experts (the arena): the GGUF mapping (page cache), or page-locked copies
+// of whole layers' stacks (faster to stream to the GPU, never evicted by the OS).
+typedef struct st_expert_arena {
+    int n_layer;
+    st_expert_weights *w;         // (n_layer) host stacks: the mapping or a resident copy
+    void **resident;              // (n_layer) host_alloc copies (NULL: the mapping)
+    size_t resident_bytes;
+} st_expert_arena;
+
+// resident_budget: bytes of page-locked copies to make, layers with the most routing to experts
+// the cache lacks first (counts: NULL = all equal); 0 = none (the mapping only). A backend that
+// cannot lock memory, or an OS that refuses, leaves the mapping in use and says so once.
+st_status st_expert_arena_create(st_backend *b, const st_placement *p, const st_expert_weights *mapped,
+                                 const uint64_t *counts, size_t resident_budget, st_expert_arena **out);
+void st_expert_arena_free(st_backend *b, st_expert_arena *a);
+
+// ---------------------------------------------------------------------------------------------
+// The routed-expert FFN of one layer over a batch of rows.
+
 typedef struct st_experts st_experts;
-st_status st_experts_create(const st_placement *placement, st_experts **out);
+// Everything the experts of one state (one sequence) use: the placement, and on a device
+// backend its cache and the host arena (both NULL on the CPU). adapt (may be NULL) swaps experts
+// in the cache from this state's routing.
+typedef struct st_experts_params {
+    st_placement *placement;
+    st_expert_cache *cache;
+    const st_expert_arena *arena;
+    st_adapt *adapt;
+    bool count_on_device;         // count routing to cached experts too (profiles); costs a launch
+} st_experts_params;
+
+// The shared expert of a layer (qwen3next), computed with the routed ones:
+// y += sigmoid(gate_inp · x) · down(silu(gate(x)) · up(x)). Buffers in backend memory.
+typedef struct st_moe_shared {
+    const st_mat *gate, *up, *down;
+    const float *gate_inp;        // (d)
+    float *g, *u;                 // (n, F) work
+    float *o;                     // (n, d) work
+    float *s;                     // (n) gate logits
+} st_moe_shared;
+
+st_status st_experts_create(const st_experts_params *p, st_experts **out);
 void st_experts_free(st_experts *ex);
-// Computes the routed-expert FFN of a->n rows (host activations on the CPU path).
-st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a);
+// y = the routed experts of a->n rows (+ the shared expert when sh is not NULL). a->gate/up/down
+// are the layer's host stacks; the experts module decides where each expert is computed.
+st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh);
+
+// What the experts did since the state was created (hybrid placement).
+typedef struct st_experts_stats {
+    uint64_t hits, misses;        // routed (row, choice) pairs on the device's cache / elsewhere
+    uint64_t streamed_bytes;      // expert bytes copied to the device for prompt chunks
+    uint64_t swaps;               // adaptive swaps done
+    double cpu_s;                 // the CPU pool computing misses
+    double wait_s;                // the host waiting for the GPU after the CPU's share was done
+    double stream_s;              // copying experts to the device and computing them there
+    int64_t layers;               // hybrid layer calls
+} st_experts_stats;
+st_experts_stats st_experts_get_stats(const st_experts *ex);
+// True when every expert of every layer is on the device (a window may then be recorded and
+// replayed as a whole: nothing waits for the CPU).
+bool st_experts_device_only(const st_experts *ex);
+// Device memory the streaming of experts for prompt chunks takes (planned with the KV cache).
+size_t st_experts_stage_bytes(void);
+// Called after each forward window: feeds the adaptive swaps (when on) with this window's routing.
+void st_experts_window_done(st_experts *ex, st_backend *b);
 
 
 // Counts of routed (layer, expert) pairs since the last reset, for profiles and cache stats.

@@ -55,6 +55,7 @@ int st_state_pos(const st_state *s) { return s->pos; }
 int st_state_mtp_pos(const st_state *s) { return s->mtp_pos; }
 size_t st_state_bytes(const st_state *s) { return s->bytes; }
 const uint64_t *st_state_expert_counts(st_state *s) { return st_experts_counts(s->ex); }
+st_experts_stats st_state_expert_stats(const st_state *s) { return st_experts_get_stats(s->ex); }
 
 static void *take(st_state *s, size_t bytes, st_status *err) {
     if (*err) return NULL;
@@ -81,6 +82,26 @@ static size_t state_bytes(const st_model *m, const st_state_params *p) {
     return total;
 }
 
+// Bytes of the activation buffers for n_batch rows (st_state_create takes them).
+static size_t activation_bytes(const st_hparams *hp, size_t nb) {
+    size_t E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    int heads = imax(hp->n_head * hp->head_dim, hp->ssm_h_v * hp->ssm_d);
+    int big = imax(hp->n_head * hp->head_dim * 2, conv_dim(hp) + hp->ssm_h_v * hp->ssm_d);
+    big = imax(big, hp->n_mtp ? 2 * hp->n_embd : 0);
+    size_t floats = nb * (3 * (size_t)hp->n_embd + big + imax(heads, conv_dim(hp)) + imax(conv_dim(hp), 1) +
+                          5 * (size_t)heads + 4 * (size_t)imax(hp->ssm_h_v, 1) + E + 2 * (size_t)imax(hp->n_ff_shexp, 1) +
+                          1 + 2 * K + 2) + HEAD_ROWS * (size_t)hp->n_vocab;
+    return sizeof(float) * floats;
+}
+
+size_t st_state_plan_bytes(const st_model *m, const st_state_params *p) {
+    // Beyond the state's own buffers, the device's scratch (quantized activations, dequantized
+    // weights and expert intermediates of prompt chunks, attention partials) and the expert
+    // staging: an allowance of 20% of the activations plus 768 MiB, measured generous on the H200.
+    size_t act = activation_bytes(&m->hp, (size_t)p->n_batch);
+    return state_bytes(m, p) + act + act / 5 + ((size_t)768 << 20) + st_experts_stage_bytes();
+}
+
 st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out) {
     *out = NULL;
     const st_hparams *hp = &m->hp;
@@ -98,7 +119,9 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     s->b = b;
     s->n_ctx = p->n_ctx;
     s->n_batch = p->n_batch;
-    st_status err = st_experts_create(m->placement, &s->ex);
+    st_experts_params ep = {.placement = m->placement, .cache = m->cache, .arena = m->arena, .adapt = m->adapt,
+                            .count_on_device = p->count_experts};
+    st_status err = st_experts_create(&ep, &s->ex);
     int n_total = hp->n_layer + hp->n_mtp;
     s->kv = st_calloc((size_t)n_total, sizeof(st_kv_layer));
     s->conv = st_calloc((size_t)n_total, sizeof(float *));
@@ -263,17 +286,9 @@ static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     OP(moe_route, s->logits_r, n, E, K, s->ids, s->weights);
     st_moe_args ma = {.layer = il, .gate = &l->gate_exps, .up = &l->up_exps, .down = &l->down_exps,
                       .x = s->xn, .ids = s->ids, .weights = s->weights, .n = n, .k = K, .y = s->y};
-    ST_TRY(st_experts_compute(s->ex, s->b, &ma));
-    if (hp->n_ff_shexp > 0) {
-        st_mat gate_inp = {ST_TYPE_F32, hp->n_embd, 1, sizeof(float) * hp->n_embd, l->sh_gate_inp};
-        OP(matmul, &l->sh_gate, s->xn, n, s->sh_g);
-        OP(matmul, &l->sh_up, s->xn, n, s->sh_u);
-        OP(swiglu, s->sh_g, s->sh_u, s->sh_g, (int64_t)n * hp->n_ff_shexp);
-        OP(matmul, &l->sh_down, s->sh_g, n, s->att);
-        OP(matmul, &gate_inp, s->xn, n, s->sh_s);
-        OP(add_gated_rows, s->y, s->att, s->sh_s, n, hp->n_embd);
-    }
-    return ST_OK;
+    st_moe_shared sh = {.gate = &l->sh_gate, .up = &l->sh_up, .down = &l->sh_down, .gate_inp = l->sh_gate_inp,
+                        .g = s->sh_g, .u = s->sh_u, .o = s->att, .s = s->sh_s};
+    return st_experts_compute(s->ex, s->b, &ma, hp->n_ff_shexp > 0 ? &sh : NULL);
 }
 
 // One decoder layer on s->x (n rows, attention cache rows from pos0), in place. s->xn holds the
@@ -373,12 +388,13 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     // Windows of a few rows may be recorded and replayed (with their logits on a device).
     bool logits = out && out->logits;
     int mode = !logits ? 0 : out->want_all ? 2 : 1;
-    bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory;
+    bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory && st_experts_device_only(s->ex);
     fwd_work w = {.s = s, .n = n, .pos0 = s->pos, .head_first = small && logits ? (mode == 2 ? 0 : n - 1) : -1};
     ST_TRY(small ? s->b->ops->run(s->b, &s->graphs[mode][n], forward_work, &w) : forward_work(&w));
     head(s, n, out, small);
     ST_TRY(s->b->ops->sync(s->b));
     s->pos += n;
+    st_experts_window_done(s->ex, s->b);
     return ST_OK;
 }
 

@@ -310,6 +310,9 @@ fail:
 void st_model_free(st_model *m) {
     if (!m) return;
     if (m->placed) { // the vectors were moved to the device with the rest
+        st_adapt_free(m->adapt);
+        st_expert_arena_free(m->placed, m->arena);
+        st_expert_cache_free(m->placed, m->cache);
         for (int i = 0; i < m->n_dev; i++) m->placed->ops->free(m->placed, m->dev[i]);
         st_free(m->dev);
         st_free(m->layers);

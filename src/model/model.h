@@ -65,6 +65,9 @@ typedef struct st_model {
     st_mat output;                    // (n_vocab, n_embd)
     st_layer *layers;                 // (n_layer + n_mtp)
     st_placement *placement;
+    st_expert_cache *cache;           // the device's routed experts (NULL on the CPU)
+    st_expert_arena *arena;           // where the CPU reads the experts the device lacks
+    st_adapt *adapt;                  // adaptive swaps (NULL: off)
     st_backend *placed;               // the backend holding the weights (NULL: the mapping)
     void **dev;                       // (n_dev) its copies, freed with the model
     int n_dev;
@@ -75,9 +78,19 @@ typedef struct st_model {
 st_status st_model_load(const st_gguf *g, st_model **out);
 void st_model_free(st_model *m);
 // Puts the weights into b's memory: nothing to do on the CPU (the mapping is used in place); on
-// a GPU, every tensor is copied once after checking it all fits, and every expert is placed on
-// the device. A model placed on a GPU runs only with states of that backend.
-st_status st_model_place(st_model *m, st_backend *b);
+// a GPU, every dense tensor is copied once after checking it fits, and the routed experts fill
+// the device's expert cache as far as pp allows (hottest first by the profile); the others stay
+// in host memory for the CPU pool. A model placed on a GPU runs only with states of that backend.
+typedef struct st_place_params {
+    int64_t expert_slots;     // experts the device's cache may hold; -1 = as many as fit
+    size_t vram_budget;       // bytes of device memory to use in all; 0 = what is free
+    size_t keep_bytes;        // bytes to leave for the KV cache, activations and scratch
+    const uint64_t *profile;  // (n_layer + n_mtp, n_expert) routing counts; NULL = all equal
+    size_t resident_bytes;    // page-locked copies of the experts the device lacks; 0 = the mapping
+    int adapt_every, adapt_swaps; // adaptive swaps (every 0: off)
+    double adapt_decay;
+} st_place_params;
+st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp);
 const char *st_arch_name(st_arch a);
 
 // ---------------------------------------------------------------------------------------------
@@ -89,7 +102,12 @@ typedef struct st_state_params {
     int n_ctx;            // positions the KV cache holds
     int n_batch;          // largest number of rows one forward call takes
     st_kv_type kv_type;
+    bool count_experts;   // count routing on the device too (profiles); the CPU always counts
 } st_state_params;
+
+// Device memory a state with these parameters takes (KV cache, recurrent state, activations,
+// expert staging), for planning before the model is placed.
+size_t st_state_plan_bytes(const st_model *m, const st_state_params *p);
 
 st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out);
 void st_state_free(st_state *s);
@@ -98,6 +116,7 @@ int st_state_mtp_pos(const st_state *s);  // rows in the MTP layer's KV cache
 size_t st_state_bytes(const st_state *s); // memory held (caches + buffers)
 // Routing counts since the state was created: (n_layer + n_mtp, n_expert).
 const uint64_t *st_state_expert_counts(st_state *s);
+st_experts_stats st_state_expert_stats(const st_state *s);
 
 // Snapshots: the KV rows up to the position and the recurrent state, restorable later.
 typedef struct st_snapshot st_snapshot;

@@ -6,7 +6,8 @@
 
 #include "model/model.h"
 
-// Every pointer in the model that names weights: matrices, expert stacks and small vectors.
+// Every pointer in the model that names dense weights: matrices and small vectors (the routed
+// experts go to the expert cache, below).
 typedef struct weight_refs {
     const void **ptr[64 * 1024];
     int n;
@@ -25,9 +26,6 @@ static void collect(st_model *m, weight_refs *r) {
         st_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->wqkv, &l->wz, &l->w_ssm_in, &l->wba, &l->wout,
                           &l->router, &l->sh_gate, &l->sh_up, &l->sh_down, &l->mtp_eh};
         for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++) add_ref(r, &mats[j]->data);
-        add_ref(r, &l->gate_exps.data);
-        add_ref(r, &l->up_exps.data);
-        add_ref(r, &l->down_exps.data);
         float **vecs[] = {&l->attn_norm, &l->ffn_norm, &l->q_norm, &l->k_norm, &l->conv, &l->dt_bias,
                           &l->ssm_a, &l->ssm_norm, &l->sh_gate_inp, &l->mtp_enorm, &l->mtp_hnorm, &l->mtp_head_norm};
         for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) add_ref(r, (const void **)vecs[j]);
@@ -94,7 +92,11 @@ static void progress_show(progress *p, size_t done, const char *what, bool final
     }
 }
 
-st_status st_model_place(st_model *m, st_backend *b) {
+static st_status place_experts(st_model *m, st_backend *b, const st_place_params *pp, size_t dense);
+
+st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp) {
+    static const st_place_params defaults = {.expert_slots = -1, .adapt_decay = 1.0};
+    if (!pp) pp = &defaults;
     if (b->ops->host_memory) {
         st_log_info("weights: %.2f GiB used in place from the file's mapping (%s backend)",
                     st_gguf_file_bytes(m->gguf) / 1073741824.0, b->ops->name);
@@ -119,10 +121,12 @@ st_status st_model_place(st_model *m, st_backend *b) {
         if (!seen) total += t ? t->bytes : vec_bytes(m, layer_of_vec(m, *r->ptr[i]), *r->ptr[i]);
     }
     size_t avail = b->ops->mem_free(b);
-    if (!s && total > avail)
-        s = st_fail(ST_ERR_NOMEM, "the model's weights need %.2f GiB of GPU memory, but %.2f GiB is free (after "
-                    "the reserve, --vram-reserve-mib): use a smaller quantization, or the CPU (--gpu cpu)",
-                    total / 1073741824.0, avail / 1073741824.0);
+    if (pp->vram_budget && pp->vram_budget < avail) avail = pp->vram_budget;
+    if (!s && total + pp->keep_bytes > avail)
+        s = st_fail(ST_ERR_NOMEM, "the model's dense weights need %.2f GiB of GPU memory and the KV cache and "
+                    "buffers %.2f GiB, but %.2f GiB is available (free after the reserve, --vram-reserve-mib, or "
+                    "--vram-budget-gib): lower --ctx, use a smaller quantization, or the CPU (--gpu cpu)",
+                    total / 1073741824.0, pp->keep_bytes / 1073741824.0, avail / 1073741824.0);
     // Upload, remembering host -> device for every pointer so views map to their copies.
     const void **host = st_calloc((size_t)r->n, sizeof *host);
     if (!s && !host) s = ST_ERR_NOMEM;
@@ -156,6 +160,13 @@ st_status st_model_place(st_model *m, st_backend *b) {
     }
     m->n_dev = n_up;
     if (!s) {
+        if (prog.tty) progress_show(&prog, done, "", true);
+        double dt = st_time_s() - t0;
+        st_log_info("dense weights on the GPU: %.2f GiB in %d tensors, %.1f s (%.1f GB/s)", done / 1073741824.0,
+                    n_up, dt, dt > 0 ? done / 1e9 / dt : 0.0);
+        s = place_experts(m, b, pp, total);
+    }
+    if (!s) {
         m->placed = b;
         // The host copies of the vectors are not needed any more.
         for (int i = 0; i < r->n; i++)
@@ -164,13 +175,6 @@ st_status st_model_place(st_model *m, st_backend *b) {
                 for (int j = 0; j < i && first; j++) first = tens[j] || host[j] != host[i];
                 if (first) st_free((void *)host[i]);
             }
-        // Every routed expert is in backend memory: slot e of layer l is expert e.
-        for (int l = 0; l < m->placement->n_layer; l++)
-            for (int e = 0; e < m->placement->n_expert; e++) m->placement->slot[(size_t)l * m->placement->n_expert + e] = e;
-        if (prog.tty) progress_show(&prog, done, "", true);
-        double dt = st_time_s() - t0;
-        st_log_info("weights on the GPU: %.2f GiB in %d tensors, %.1f s (%.1f GB/s)", done / 1073741824.0, n_up, dt,
-                    dt > 0 ? done / 1e9 / dt : 0.0);
     } else {
         // Back to the host pointers; the copies made so far go.
         for (int i = 0; host && i < r->n; i++)
@@ -183,5 +187,85 @@ st_status st_model_place(st_model *m, st_backend *b) {
     st_free(host);
     st_free(tens);
     st_free(r);
+    return s;
+}
+
+// The routed experts: the cache plan (hottest first, as many as the memory left and
+// pp->expert_slots allow), the cache filled, the host arena for the rest, adaptive swaps.
+static st_status place_experts(st_model *m, st_backend *b, const st_place_params *pp, size_t dense) {
+    st_placement *p = m->placement;
+    int L = p->n_layer, E = p->n_expert;
+    st_expert_weights *w = st_calloc((size_t)L, sizeof *w);
+    size_t *eb = st_calloc((size_t)L, sizeof *eb);
+    if (!w || !eb) {
+        st_free(w);
+        st_free(eb);
+        return ST_ERR_NOMEM;
+    }
+    size_t all = 0;
+    for (int l = 0; l < L; l++) {
+        w[l] = (st_expert_weights){m->layers[l].gate_exps, m->layers[l].up_exps, m->layers[l].down_exps};
+        eb[l] = st_expert_bytes(&w[l]);
+        all += eb[l] * (size_t)E;
+    }
+    // What the cache may take: the free memory less what the states will need, within the budget.
+    size_t free_b = b->ops->mem_free(b), budget = free_b > pp->keep_bytes ? free_b - pp->keep_bytes : 0;
+    if (pp->vram_budget) {
+        size_t left = pp->vram_budget > dense + pp->keep_bytes ? pp->vram_budget - dense - pp->keep_bytes : 0;
+        if (left < budget) budget = left;
+    }
+    if (pp->expert_slots >= 0) { // a slot count asked for: the hottest that many, if they fit
+        size_t max_e = 0;
+        for (int l = 0; l < L; l++) max_e = eb[l] > max_e ? eb[l] : max_e;
+        size_t want = (size_t)pp->expert_slots * max_e;
+        if (want < budget) budget = want;
+    }
+    int64_t placed = st_placement_plan(p, pp->profile, eb, budget);
+    if (pp->expert_slots >= 0 && placed < pp->expert_slots && placed < (int64_t)L * E) {
+        st_free(w);
+        st_free(eb);
+        return st_fail(ST_ERR_NOMEM, "--expert-cache %lld: only %lld experts fit in the %.2f GiB left on the GPU "
+                       "(after the dense weights, %.2f GiB kept for the KV cache and buffers, and the budget)",
+                       (long long)pp->expert_slots, (long long)placed, budget / 1073741824.0,
+                       pp->keep_bytes / 1073741824.0);
+    }
+    double t0 = st_time_s();
+    st_status s = st_expert_cache_create(b, p, w, &m->cache);
+    size_t resident = placed < (int64_t)L * E ? pp->resident_bytes : 0;
+    if (!s) s = st_expert_arena_create(b, p, w, pp->profile, resident, &m->arena);
+    if (!s && pp->adapt_every > 0 && placed > 0 && placed < (int64_t)L * E)
+        s = st_adapt_create(p, pp->adapt_every, pp->adapt_swaps, pp->adapt_decay, pp->profile, &m->adapt);
+    if (s) {
+        st_adapt_free(m->adapt);
+        st_expert_arena_free(b, m->arena);
+        st_expert_cache_free(b, m->cache);
+        m->adapt = NULL;
+        m->arena = NULL;
+        m->cache = NULL;
+    } else {
+        // The share of the profile's routing the cache covers (of all routing when uniform).
+        double hot = 0, tot = 0;
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E; e++) {
+                double c = pp->profile ? (double)pp->profile[(size_t)l * E + e] : 1.0;
+                tot += c;
+                if (st_placement_get(p, l, e) != ST_PLACE_HOST) hot += c;
+            }
+        double dt = st_time_s() - t0;
+        if (placed == (int64_t)L * E)
+            st_log_info("experts: all %lld on the GPU (%.2f GiB, %.1f s)", (long long)placed,
+                        m->cache->bytes / 1073741824.0, dt);
+        else
+            st_log_info("experts: %lld of %lld in the GPU's cache (%.2f of %.2f GiB, %.1f s), covering %.1f%% of "
+                        "the %s routing; the rest from %s%s, computed by the CPU pool", (long long)placed,
+                        (long long)L * E, m->cache->bytes / 1073741824.0, all / 1073741824.0, dt,
+                        tot > 0 ? 100.0 * hot / tot : 0.0, pp->profile ? "profile's" : "(assumed uniform)",
+                        m->arena->resident_bytes ? "page-locked memory" : "the file's mapping",
+                        m->adapt ? "; adaptive swaps on" : "");
+        if (m->arena->resident_bytes)
+            st_log_info("experts: %.2f GiB of them resident in page-locked memory", m->arena->resident_bytes / 1073741824.0);
+    }
+    st_free(w);
+    st_free(eb);
     return s;
 }

@@ -6,7 +6,7 @@
 # carrying .pack and .whl (and .tok, the Qwen3 tokenizer, for the 30b / 80b benchmarks).
 #
 #   tests/gpu/pack.sh [BUILD_DIR] [WHAT...]   (default build-cuda, configured here for sm_90 if new)
-# WHAT: strata, cuda-tests (test_cuda_*), cpu-tests (the CPU tests small enough to carry; those
+# WHAT: strata, cuda-tests (test_cuda_*), a test binary by name (test_cuda_quant), cpu-tests (the CPU tests small enough to carry; those
 # linking the whole engine, such as the server's, run in CI); default all three. Each CUDA binary
 # holds the kernels (~12 MB compressed), so a pack of all may not fit the 64 MiB that travels.
 set -euo pipefail
@@ -21,6 +21,7 @@ cmake --build "$B" -j"$(nproc)"
 rm -rf gpu-pack && mkdir -p gpu-pack/lib
 [[ "$WHAT" == *" strata "* ]] && cp "$B"/strata gpu-pack/
 [[ "$WHAT" == *" cuda-tests "* ]] && cp "$B"/test_cuda_* gpu-pack/
+for w in $WHAT; do [[ $w == test_* && -x "$B/$w" ]] && cp "$B/$w" gpu-pack/; done
 if [[ "$WHAT" == *" cpu-tests "* ]]; then
   for t in "$B"/test_*; do [ "$(stat -c %s "$t")" -lt 4000000 ] && cp "$t" gpu-pack/; done
 fi

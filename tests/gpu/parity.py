@@ -92,6 +92,82 @@ def top1(a: np.ndarray, b: np.ndarray) -> float:
     return float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
 
 
+def expert_count(path: Path) -> int:
+    """Routed experts in the file: the expert stacks' third dimension summed over layers."""
+    from gguf import GGUFReader
+    return sum(int(t.shape[2]) for t in GGUFReader(str(path)).tensors if t.name.endswith("ffn_down_exps.weight"))
+
+
+# Models of the hybrid cases: one of each architecture, exact and quantized, plus the tiny-coder
+# (which loads the profile beside it).
+HYBRID_MODELS = ["moe-f32", "next-f32-mtp", "tiny-coder", "next-q8_0-q4_K-mtp", "moe-shape-q8_0-q4_K"]
+
+
+def hybrid_cases(a, out: Path, log, report) -> int:
+    """The expert cache at 0%..100% of the experts: logits of prompt chunks (missed experts
+    streamed to the GPU) and of decode windows (missed experts on the CPU pool) against the CPU
+    backend; the same placement twice gives identical logits (adaptive swaps off); adaptive swaps
+    on still agree."""
+    failed = 0
+    rng = np.random.default_rng(11)
+    for name, synth, exact in MODELS:
+        if name not in HYBRID_MODELS:
+            continue
+        path = ROOT / "models" / "tiny-coder.gguf" if synth is None else out / f"{name}.gguf"
+        try:
+            if not path.exists():
+                run([sys.executable, str(ROOT / "tools" / "synth_gguf.py"), str(path)] + synth, log)
+            total = expert_count(path)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:26} {'hybrid setup':22} FAIL {e}")
+            failed += 1
+            continue
+        toks = [int(t) for t in rng.integers(0, 250, size=300)]
+        short = toks[:96]
+        cases = [("prompt chunks of 128", toks, ["--batch", "128"]), ("decode (1 row)", short, ["--batch", "1"]),
+                 ("windows of 5 rows", short, ["--batch", "5"])]
+        for case, tk, extra in cases:
+            try:
+                c = strata_eval(a.bin, path, tk, "cpu", out, log, *extra)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:26} {'hybrid ' + case:22} FAIL cpu: {str(e)[:300]}")
+                failed += 1
+                continue
+            for frac in (0.0, 0.25, 0.5, 1.0):
+                n = int(round(frac * total))
+                label = f"cache {int(frac * 100)}% {case}"[:22]
+                try:
+                    more = [*extra, "--expert-cache", str(n), "--adapt-every", "0"]
+                    g = strata_eval(a.bin, path, tk, a.gpu, out, log, *more)
+                    err, agree = errors(g, c), top1(g, c)
+                    if exact:
+                        ok = np.quantile(err, 0.9) <= 1e-3 and err.max() <= 1e-2 and agree >= 0.99
+                    else:
+                        ok = agree >= 0.95
+                    ok = ok and bool(np.isfinite(g).all())
+                    note = ""
+                    if 0 < frac < 1 and case.startswith("decode"):
+                        g2 = strata_eval(a.bin, path, tk, a.gpu, out / "again", log, *more)
+                        same = bool((g2 == g).all())
+                        ok = ok and same
+                        note = "   (run twice: identical)" if same else "   (run twice: DIFFERENT)"
+                    report(name, label, len(tk), err, agree, ok, note)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name:26} {label:22} {len(tk):5d} FAIL {str(e)[:400]}")
+                    failed += 1
+        try:  # adaptive swaps on, a small cache: swaps happen and the logits still agree
+            c = strata_eval(a.bin, path, short, "cpu", out, log, "--batch", "1")
+            g = strata_eval(a.bin, path, short, a.gpu, out, log, "--batch", "1", "--expert-cache",
+                            str(max(1, total // 8)), "--adapt-every", "2", "--adapt-swaps", "4")
+            err, agree = errors(g, c), top1(g, c)
+            ok = ((np.quantile(err, 0.9) <= 1e-3 and agree >= 0.99) if exact else agree >= 0.95) and bool(np.isfinite(g).all())
+            report(name, "cache 12%, adaptive", len(short), err, agree, ok)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:26} {'cache 12%, adaptive':22} FAIL {str(e)[:400]}")
+            failed += 1
+    return failed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
@@ -101,6 +177,8 @@ def main() -> int:
     ap.add_argument("--ref-positions", type=int, default=200)
     ap.add_argument("--gpu", default="0", help="the --gpu value of the GPU side (cpu: a smoke test of this script)")
     ap.add_argument("--only", default="", help="comma-separated model names to run (default: all)")
+    ap.add_argument("--hybrid", action="store_true", help="also the hybrid expert cache cases (HYBRID_MODELS)")
+    ap.add_argument("--hybrid-only", action="store_true", help="only the hybrid expert cache cases")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,8 +194,10 @@ def main() -> int:
         failed += not ok
         sys.stdout.flush()
 
+    if a.hybrid_only:
+        a.hybrid = True
     for name, synth, exact in MODELS:
-        if a.only and name not in a.only.split(","):
+        if a.hybrid_only or (a.only and name not in a.only.split(",")):
             continue
         try:
             if synth is None:
@@ -181,6 +261,8 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 print(f"{name:26} {'vs float64 reference':22} FAIL {str(e)[:400]}")
                 failed += 1
+    if a.hybrid:
+        failed += hybrid_cases(a, out, log, report)
     print(f"parity: {'all cases pass' if not failed else f'{failed} case(s) failed'}")
     return 1 if failed else 0
 

@@ -106,6 +106,34 @@ static void cuda_from_host(st_backend *b, void *dst, const void *host, size_t by
     ST_CU(c, cudaStreamSynchronize(c->stream));
 }
 
+static void *cuda_host_alloc(st_backend *b, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // not sticky
+        st_fail(ST_ERR_NOMEM, "GPU %d: cannot lock %.1f MiB of host memory: %s", c->device, bytes / 1048576.0,
+                cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(st_backend *b, void *p) {
+    if (p) ST_CU(st_cuda_of(b), cudaFreeHost(p));
+}
+
+static void cuda_to_host_async(st_backend *b, void *host, const void *src, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    ST_CU(c, cudaEventRecord(c->copies, c->stream));
+}
+
+static void cuda_wait_copies(st_backend *b) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaEventSynchronize(c->copies));
+}
+
 static void cuda_copy(st_backend *b, float *dst, const float *src, int64_t n) {
     st_cuda *c = st_cuda_of(b);
     ST_CU(c, cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n, cudaMemcpyDeviceToDevice, c->stream));
@@ -218,6 +246,7 @@ static void cuda_destroy(st_backend *b) {
     for (int i = 0; i < ST_SCR_COUNT; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     if (c->cublas) cublasDestroy(c->cublas);
+    if (c->copies) cudaEventDestroy(c->copies);
     if (c->stream) cudaStreamDestroy(c->stream);
     st_pool_free(b->pool);
     st_free(b->scratch);
@@ -262,6 +291,10 @@ static const st_backend_ops cuda_ops = {
     .argmax = st_cuda_argmax,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .to_host_async = cuda_to_host_async,
+    .wait_copies = cuda_wait_copies,
 };
 
 extern "C" bool st_cuda_available(void) { return true; }
@@ -378,6 +411,7 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copies, cudaEventDisableTiming);
     if (e != cudaSuccess) s = st_fail(ST_ERR_IO, "GPU %d: cannot start: %s", device, cudaGetErrorString(e));
     if (!s && cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS)
         s = st_fail(ST_ERR_IO, "GPU %d: cannot start cuBLAS", device);

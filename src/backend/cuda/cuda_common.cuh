@@ -21,6 +21,7 @@ enum {
     ST_SCR_MOE2,
     ST_SCR_GDN,   // chunked DeltaNet buffers
     ST_SCR_MISC,
+    ST_SCR_MOEMAP, // expert ids mapped to cache slots
     ST_SCR_COUNT
 };
 
@@ -34,6 +35,7 @@ typedef struct st_cuda {
     st_status err;               // first error since the last sync (ops are void)
     char err_msg[512];
     bool capturing;              // recording a graph: no allocation, no synchronization
+    cudaEvent_t copies;          // recorded after each to_host_async copy
     unsigned scratch_gen;        // bumped when a scratch buffer moves: older recordings are stale
     void *scratch[ST_SCR_COUNT];
     size_t scratch_bytes[ST_SCR_COUNT];

@@ -1085,7 +1085,7 @@ __global__ void silu_mul_kernel(float *h, const float *u, int64_t n) {
 
 // y[i] = Σ_j weights[i][j] · o[inv(i k + j)], j in order (inv NULL: o is by assignment).
 __global__ void moe_combine_kernel(const float *o, const int32_t *inv, const int32_t *ids, const float *wts, int n,
-                                   int k, int n_expert, int d, float *y) {
+                                   int k, int n_expert, int d, float *y, bool add) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)n * d) return;
     int i = (int)(t / d), col = (int)(t % d);
@@ -1096,7 +1096,7 @@ __global__ void moe_combine_kernel(const float *o, const int32_t *inv, const int
         int gi = inv ? inv[a] : a;
         acc += wts[a] * o[(size_t)gi * d + col];
     }
-    y[t] = acc;
+    y[t] = add ? y[t] + acc : acc;
 }
 
 template <int T>
@@ -1343,7 +1343,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
 
     int64_t ny = (int64_t)n * d;
     moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, NULL, a->ids, a->weights, n, k, E,
-                                                                              (int)d, a->y);
+                                                                              (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
     return true;
 }
@@ -1433,7 +1433,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
 
     int64_t ny = (int64_t)n * d;
     moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, NULL, a->ids, a->weights, n, k, E,
-                                                                              (int)d, a->y);
+                                                                              (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
 }
 
@@ -1641,7 +1641,7 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
     }
     int valid = pos;
     if (valid == 0) {
-        ST_CU(c, cudaMemsetAsync(a->y, 0, sizeof(float) * (size_t)n * d, c->stream));
+        if (!a->accumulate) ST_CU(c, cudaMemsetAsync(a->y, 0, sizeof(float) * (size_t)n * d, c->stream));
         return;
     }
     gr.used_dev = used_d;
@@ -1689,13 +1689,39 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
 
     int64_t ny = (int64_t)n * d;
     moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, inv, a->ids, a->weights, n, k, E,
-                                                                              (int)d, a->y);
+                                                                              (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
+}
+
+// ids -> cache slots (slot_map; -1: not in this stack), counting the routed experts on the way.
+__global__ void moe_map_kernel(const int32_t *ids, int na, int n_expert, const int32_t *slot_map, uint32_t *counts,
+                               int32_t *out) {
+    int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a >= na) return;
+    int e = ids[a];
+    bool ok = e >= 0 && e < n_expert;
+    if (ok && counts) atomicAdd(&counts[e], 1u);
+    out[a] = !ok ? -1 : slot_map ? slot_map[e] : e;
 }
 
 void st_cuda_moe(st_backend *b, const st_moe_args *a) {
     st_cuda *c = st_cuda_of(b);
     if (a->n <= 0 || c->err) return;
+    st_moe_args mapped;
+    if (a->slot_map || a->counts) {
+        int na = a->n * a->k, E = a->slot_map ? a->n_expert : (int)a->gate->n;
+        int32_t *ids = (int32_t *)st_cuda_scratch(c, ST_SCR_MOEMAP, sizeof(int32_t) * (size_t)na);
+        if (!ids) return;
+        moe_map_kernel<<<(unsigned)((na + 127) / 128), 128, 0, c->stream>>>(a->ids, na, E, a->slot_map, a->counts, ids);
+        ST_CU_LAUNCHED(c, "moe_map_kernel");
+        mapped = *a;
+        mapped.ids = ids;
+        a = &mapped;
+    }
+    if (a->gate->n == 0) { // an empty cache stack: nothing here
+        if (!a->accumulate) ST_CU(c, cudaMemsetAsync(a->y, 0, sizeof(float) * (size_t)a->n * a->gate->cols, c->stream));
+        return;
+    }
     const st_mat3 *g = a->gate, *u = a->up, *dn = a->down;
     if (a->k <= 0 || g->cols != u->cols || g->rows != u->rows || g->n != u->n || dn->n != g->n ||
         dn->cols != g->rows || dn->rows != g->cols || g->n <= 0) {
