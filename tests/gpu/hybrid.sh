@@ -61,8 +61,9 @@ for what in "$@"; do
     timeout 300 "$B/strata" bench -m "$f" --gpu 0 --prompt 2048 --batch 2048 --decode 128 --resident-experts "${extra[@]}" \
       > "$OUT/bench-$what-$bud.txt" 2>&1 && r=pass || r=FAIL
     cat "$OUT/bench-$what-$bud.txt" | grep -vE "^\s*$" | tail -12
-    row "bench $what budget $bud" "$r" "$(grep -E '^prompt|^decode ' "$OUT/bench-$what-$bud.txt" | awk '{printf "%s %s t/s; ", $1, $NF}')"
+    row "bench $what budget $bud" "$r" "$(grep -E '^prompt|^decode +[0-9]' "$OUT/bench-$what-$bud.txt" | awk '{printf "%s %s t/s; ", $1, $NF}')"
   done
+  [ -n "${KEEP_MODELS:-}" ] || rm -f "$f"
 done
 
 echo
