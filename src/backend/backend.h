@@ -109,6 +109,9 @@ typedef struct st_moe_args {
 
 typedef struct st_backend st_backend;
 
+// How long a device waits for a host thread's answer (wait_host) before it gives up.
+#define ST_HOST_WAIT_S 60
+
 // Windows of at most this many rows (decode, verify) may be recorded and replayed; larger
 // calls (prompt chunks) always run as they come.
 #define ST_GRAPH_ROWS 16
@@ -207,6 +210,15 @@ typedef struct st_backend_ops {
     // the work queued so far, and returns at once; wait_copies waits for every copy started.
     void (*to_host_async)(st_backend *b, void *host, const void *src, size_t bytes);
     void (*wait_copies)(st_backend *b);
+    // The hand-off between queued (and recordable) device work and host threads: host_alloc
+    // memory is also mapped into the device. copy_async copies between backend memory and
+    // host_alloc memory in queue order without waiting; signal_host sets *flag (host_alloc
+    // memory) = *seq (backend memory) once the work queued before it, copies included, is done,
+    // for a host thread polling the flag; wait_host holds the queue until *flag (host_alloc
+    // memory, set by a host thread) equals *seq (it gives up after ST_HOST_WAIT_S seconds).
+    void (*copy_async)(st_backend *b, void *dst, const void *src, size_t bytes);
+    void (*signal_host)(st_backend *b, uint32_t *flag, const uint32_t *seq);
+    void (*wait_host)(st_backend *b, const uint32_t *flag, const uint32_t *seq);
 } st_backend_ops;
 
 struct st_backend {

@@ -55,7 +55,20 @@ struct st_experts {
     int32_t *stage_map_dev;  // (n_expert)
     int32_t *stage_map;      // (n_expert) host
     uint32_t *counts_dev;    // (n_layer, n_expert) routing counted on the device
+    // Decode windows on a device: per layer a mapped page-locked slot the queued work publishes
+    // the layer's routing and rows into and a host thread answers in (st_experts_serve), so
+    // the window stays one recording the device replays.
+    char *hand;              // (n_layer) slots of hand_bytes
+    size_t hand_bytes, hand_ids, hand_w, hand_x, hand_y; // slot size and offsets of its parts
+    uint32_t *seq_dev;       // backend memory: the current window's number
+    uint32_t seq;
+    int win_n, win_k, win_first, win_end; // the current window: rows, choices, layer range
+    bool win_called;         // the window's work was queued by calling the forward (not replayed)
+    int win_queued;          // hybrid layers it queued
 };
+
+#define HAND_PUB 0  // u32 at the start of a slot: the device's "published" flag
+#define HAND_DONE 1 // the host's "answered" flag
 
 // Device memory for experts streamed to the GPU per prompt chunk (planned with the KV cache).
 #define ST_STAGE_BYTES ((size_t)512 << 20)
@@ -81,7 +94,9 @@ static void free_device(st_experts *ex, st_backend *b) {
     b->ops->free(b, ex->stage_mem);
     b->ops->free(b, ex->stage_map_dev);
     b->ops->free(b, ex->counts_dev);
+    b->ops->free(b, ex->seq_dev);
     if (ex->pin) b->ops->host_free(b, ex->pin);
+    if (ex->hand) b->ops->host_free(b, ex->hand);
 }
 
 void st_experts_free(st_experts *ex) {
@@ -290,10 +305,6 @@ static bool grow(st_backend *b, void **buf, size_t *have, size_t need) {
     return true;
 }
 
-// Rows of a window at most this big have their missed experts computed by the CPU pool; larger
-// batches (prompt chunks) stream the missed experts to the device and compute them there.
-#define ST_CPU_MISS_ROWS 16
-
 // The experts of a layer the device's cache lacks, streamed to the device in runs of consecutive
 // ids (one copy per matrix per run) and computed there, adding into a->y.
 static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args *a, const int32_t *ids) {
@@ -360,34 +371,139 @@ static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args 
     return ST_OK;
 }
 
-// A layer some of whose experts the device lacks: the shared expert and the cached experts on
-// the device, while the CPU pool computes the missed ones (small windows) or they are streamed
-// to the device (prompt chunks); then the sum.
-static st_status hybrid(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
+// Rows of a window at most this big hand their missed experts to the CPU pool inside the
+// recorded window (ST_GRAPH_ROWS); larger batches (prompt chunks) stream them to the device.
+#define HAND_ROWS ST_GRAPH_ROWS
+
+static bool layer_hybrid(const st_placement *p, int l) { return p->n_slots[l] < p->n_expert; }
+
+static uint32_t *hand_flag(const st_experts *ex, int l, int which) {
+    return (uint32_t *)(ex->hand + (size_t)l * ex->hand_bytes) + which;
+}
+
+// A decode window's layer: queued work only (recordable). The routing and rows go to the
+// layer's hand-off slot, the device computes the shared and the cached experts, then waits for
+// the host's answer (st_experts_serve computes the missed experts meanwhile) and adds it.
+static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
+    const st_expert_cache *c = ex->p.cache;
+    int l = a->layer, n = a->n, na = n * a->k, d = (int)a->gate->cols, E = ex->p.placement->n_expert;
+    char *h = ex->hand + (size_t)l * ex->hand_bytes;
+    b->ops->copy_async(b, h + ex->hand_ids, a->ids, sizeof(int32_t) * (size_t)na);
+    b->ops->copy_async(b, h + ex->hand_w, a->weights, sizeof(float) * (size_t)na);
+    b->ops->copy_async(b, h + ex->hand_x, a->x, sizeof(float) * (size_t)n * d);
+    b->ops->signal_host(b, hand_flag(ex, l, HAND_PUB), ex->seq_dev);
+    if (sh) shared_expert(b, sh, a->x, n, d);
+    st_moe_args g = *a;
+    g.gate = &c->slots[l].gate;
+    g.up = &c->slots[l].up;
+    g.down = &c->slots[l].down;
+    g.slot_map = c->map_dev + (size_t)l * E;
+    g.n_expert = E;
+    g.accumulate = false;
+    g.counts = NULL;
+    b->ops->moe(b, &g);
+    b->ops->wait_host(b, hand_flag(ex, l, HAND_DONE), ex->seq_dev);
+    b->ops->copy_async(b, ex->y_dev, h + ex->hand_y, sizeof(float) * (size_t)n * d);
+    b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
+    if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
+    ex->win_called = true;
+    ex->win_queued++;
+}
+
+st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, int first_layer, int end_layer) {
+    const st_placement *pl = ex->p.placement;
+    ex->win_n = 0;
+    if (b->ops->host_memory || !ex->p.cache || n > HAND_ROWS) return ST_OK;
+    bool any = false;
+    for (int l = first_layer; l < end_layer; l++) any = any || layer_hybrid(pl, l);
+    if (!any) return ST_OK;
+    ex->b = b;
+    if (!ex->hand) { // slots for the largest window, made once (never while recording)
+        size_t ids = 64, w = ids + (sizeof(int32_t) * HAND_ROWS * k + 63) / 64 * 64;
+        size_t x = w + (sizeof(float) * HAND_ROWS * k + 63) / 64 * 64, y = x + sizeof(float) * HAND_ROWS * (size_t)d;
+        size_t bytes = y + sizeof(float) * HAND_ROWS * (size_t)d;
+        ex->hand = b->ops->host_alloc(b, bytes * pl->n_layer);
+        ex->seq_dev = b->ops->alloc(b, sizeof(uint32_t));
+        if (!ex->hand || !ex->seq_dev || !grow(b, (void **)&ex->y_dev, &ex->y_dev_bytes, sizeof(float) * HAND_ROWS * (size_t)d))
+            return st_fail_prefix(ST_ERR_NOMEM, "expert hand-off buffers");
+        memset(ex->hand, 0, bytes * pl->n_layer);
+        ex->hand_bytes = bytes, ex->hand_ids = ids, ex->hand_w = w, ex->hand_x = x, ex->hand_y = y;
+    }
+    ex->seq++;
+    b->ops->from_host(b, ex->seq_dev, &ex->seq, sizeof(uint32_t));
+    ex->win_n = n, ex->win_k = k, ex->win_first = first_layer, ex->win_end = end_layer;
+    ex->win_called = false;
+    ex->win_queued = 0;
+    return ST_OK;
+}
+
+static void answer(st_experts *ex, int l) { __atomic_store_n(hand_flag(ex, l, HAND_DONE), ex->seq, __ATOMIC_RELEASE); }
+
+st_status st_experts_serve(st_experts *ex, bool failed) {
+    if (!ex->win_n) return ST_OK;
+    const st_placement *pl = ex->p.placement;
+    int n = ex->win_n, k = ex->win_k, na = n * k, E = pl->n_expert;
+    ex->win_n = 0;
+    // Layers queued: those the forward called, or on a replay every hybrid layer of the range.
+    int todo = ex->win_called ? ex->win_queued : 1 << 30;
+    st_status s = ST_OK;
+    for (int l = ex->win_first; l < ex->win_end && todo > 0; l++) {
+        if (!layer_hybrid(pl, l)) continue;
+        todo--;
+        if (failed || s) { // release the device, which may be waiting; the window is lost anyway
+            answer(ex, l);
+            continue;
+        }
+        char *h = ex->hand + (size_t)l * ex->hand_bytes;
+        double t0 = st_time_s();
+        while (__atomic_load_n(hand_flag(ex, l, HAND_PUB), __ATOMIC_ACQUIRE) != ex->seq) {
+            if (st_time_s() - t0 > ST_HOST_WAIT_S) {
+                s = st_fail(ST_ERR_IO, "layer %d: the GPU did not hand over its routing within %d s", l, ST_HOST_WAIT_S);
+                break;
+            }
+        }
+        double t1 = st_time_s();
+        ex->stats.wait_s += t1 - t0;
+        if (s) {
+            answer(ex, l);
+            continue;
+        }
+        const int32_t *ids = (const int32_t *)(h + ex->hand_ids);
+        float *x = (float *)(h + ex->hand_x), *y = (float *)(h + ex->hand_y);
+        const float *w = (const float *)(h + ex->hand_w);
+        count_routing(ex, l, ids, na, E);
+        int miss = 0;
+        for (int i = 0; i < na; i++) miss += ids[i] >= 0 && ids[i] < E && st_placement_get(pl, l, ids[i]) == ST_PLACE_HOST;
+        ex->stats.hits += (uint64_t)(na - miss);
+        ex->stats.misses += (uint64_t)miss;
+        ex->stats.layers++;
+        const st_expert_weights *ew = &ex->p.arena->w[l];
+        if (miss) s = host_moe(ex, ex->b->pool, ew, l, x, ids, w, n, k, pl, y);
+        else memset(y, 0, sizeof(float) * (size_t)n * ew->gate.cols);
+        ex->stats.cpu_s += st_time_s() - t1;
+        answer(ex, l);
+    }
+    return s;
+}
+
+// A prompt chunk's layer some of whose experts the device lacks: the shared and the cached
+// experts on the device, the missed ones streamed to it (the routing read back first).
+static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
     const st_placement *pl = ex->p.placement;
     const st_expert_cache *c = ex->p.cache;
     int l = a->layer, n = a->n, k = a->k, na = n * k, E = pl->n_expert;
     int d = (int)a->gate->cols;
-    bool cpu = n <= ST_CPU_MISS_ROWS;
     ex->b = b;
-    // Page-locked: ids, weights, and for the CPU the input rows and its results.
-    size_t ids_b = (sizeof(int32_t) * (size_t)na + 63) / 64 * 64, w_b = (sizeof(float) * (size_t)na + 63) / 64 * 64;
-    size_t x_b = cpu ? sizeof(float) * (size_t)n * d : 0;
-    size_t pin_need = ids_b + w_b + 2 * x_b;
-    if (pin_need > ex->pin_bytes) {
+    size_t ids_b = sizeof(int32_t) * (size_t)na;
+    if (ids_b > ex->pin_bytes) {
         if (ex->pin) b->ops->host_free(b, ex->pin);
         ex->pin_bytes = 0;
-        if (!(ex->pin = b->ops->host_alloc(b, pin_need))) return st_fail_prefix(ST_ERR_NOMEM, "expert routing buffers");
-        ex->pin_bytes = pin_need;
+        if (!(ex->pin = b->ops->host_alloc(b, ids_b))) return st_fail_prefix(ST_ERR_NOMEM, "expert routing buffers");
+        ex->pin_bytes = ids_b;
     }
     int32_t *h_ids = (int32_t *)ex->pin;
-    float *h_w = (float *)(ex->pin + ids_b), *h_x = (float *)(ex->pin + ids_b + w_b), *h_y = h_x + (size_t)n * d;
-    b->ops->to_host_async(b, h_ids, a->ids, sizeof(int32_t) * (size_t)na);
-    if (cpu) {
-        b->ops->to_host_async(b, h_w, a->weights, sizeof(float) * (size_t)na);
-        b->ops->to_host_async(b, h_x, a->x, sizeof(float) * (size_t)n * d);
-    }
-    // Queued behind those copies: the shared expert and the cached experts.
+    b->ops->to_host_async(b, h_ids, a->ids, ids_b);
+    // Queued behind that copy: the shared expert and the cached experts.
     if (sh) shared_expert(b, sh, a->x, n, d);
     st_moe_args g = *a;
     g.gate = &c->slots[l].gate;
@@ -405,19 +521,7 @@ static st_status hybrid(st_experts *ex, st_backend *b, const st_moe_args *a, con
     ex->stats.hits += (uint64_t)(na - miss);
     ex->stats.misses += (uint64_t)miss;
     ex->stats.layers++;
-    if (miss && cpu) {
-        double t0 = st_time_s();
-        ST_TRY(host_moe(ex, b->pool, &ex->p.arena->w[l], l, h_x, h_ids, h_w, n, k, pl, h_y));
-        double t1 = st_time_s();
-        if (!grow(b, (void **)&ex->y_dev, &ex->y_dev_bytes, sizeof(float) * (size_t)n * d))
-            return st_fail_prefix(ST_ERR_NOMEM, "expert results");
-        b->ops->from_host(b, ex->y_dev, h_y, sizeof(float) * (size_t)n * d); // waits for the GPU's share
-        ex->stats.cpu_s += t1 - t0;
-        ex->stats.wait_s += st_time_s() - t1;
-        b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
-    } else if (miss) {
-        ST_TRY(stream_misses(ex, b, a, h_ids));
-    }
+    if (miss) ST_TRY(stream_misses(ex, b, a, h_ids));
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
     return ST_OK;
 }
@@ -437,7 +541,12 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
     }
     const st_expert_cache *c = ex->p.cache;
     if (!c) return st_fail(ST_ERR_UNSUPPORTED, "layer %d: no expert cache on the %s backend", l, b->ops->name);
-    if (pl->n_slots[l] < E) return hybrid(ex, b, a, sh);
+    if (layer_hybrid(pl, l)) {
+        if (n > HAND_ROWS) return hybrid_chunk(ex, b, a, sh);
+        if (!ex->win_n) return st_fail(ST_ERR_ARG, "layer %d: a window without st_experts_begin", l);
+        hybrid_window(ex, b, a, sh);
+        return ST_OK;
+    }
     // Every expert of the layer on the device.
     st_moe_args g = *a;
     g.gate = &c->slots[l].gate;
@@ -462,13 +571,6 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
         b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
     }
     return ST_OK;
-}
-
-bool st_experts_device_only(const st_experts *ex) {
-    const st_placement *pl = ex->p.placement;
-    for (int l = 0; l < pl->n_layer; l++)
-        if (pl->n_slots[l] < pl->n_expert) return false;
-    return true;
 }
 
 const uint64_t *st_experts_counts(st_experts *ex) {

@@ -162,14 +162,20 @@ typedef struct st_experts_stats {
     uint64_t streamed_bytes;      // expert bytes copied to the device for prompt chunks
     uint64_t swaps;               // adaptive swaps done
     double cpu_s;                 // the CPU pool computing misses
-    double wait_s;                // the host waiting for the GPU after the CPU's share was done
+    double wait_s;                // the host waiting for the GPU to hand over a layer's routing
     double stream_s;              // copying experts to the device and computing them there
     int64_t layers;               // hybrid layer calls
 } st_experts_stats;
 st_experts_stats st_experts_get_stats(const st_experts *ex);
-// True when every expert of every layer is on the device (a window may then be recorded and
-// replayed as a whole: nothing waits for the CPU).
-bool st_experts_device_only(const st_experts *ex);
+// A forward window of n rows (k choices, width d) through layers [first_layer, end_layer) is
+// about to be queued: on a device with a hybrid cache, windows of up to ST_GRAPH_ROWS rows hand
+// their missed experts to the host inside the queued (and recordable) work, and the host must
+// call st_experts_serve right after queuing it, before anything waits for the device.
+st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, int first_layer, int end_layer);
+// Computes the missed experts of the window queued since st_experts_begin, layer by layer as
+// the device publishes them (the CPU pool works while the device computes the cached ones).
+// failed: queuing went wrong; the device is released without computing anything.
+st_status st_experts_serve(st_experts *ex, bool failed);
 // Device memory the streaming of experts for prompt chunks takes (planned with the KV cache).
 size_t st_experts_stage_bytes(void);
 // Called after each forward window: feeds the adaptive swaps (when on) with this window's routing.

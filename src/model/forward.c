@@ -97,7 +97,8 @@ static size_t activation_bytes(const st_hparams *hp, size_t nb) {
 size_t st_state_plan_bytes(const st_model *m, const st_state_params *p) {
     // Beyond the state's own buffers, the device's scratch (quantized activations, dequantized
     // weights and expert intermediates of prompt chunks, attention partials) and the expert
-    // staging: an allowance of 20% of the activations plus 768 MiB, measured generous on the H200.
+    // staging: an allowance of 20% of the activations plus 768 MiB (to be checked against the
+    // peak measured by the benchmarks at each --vram-budget-gib).
     size_t act = activation_bytes(&m->hp, (size_t)p->n_batch);
     return state_bytes(m, p) + act + act / 5 + ((size_t)768 << 20) + st_experts_stage_bytes();
 }
@@ -388,9 +389,13 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     // Windows of a few rows may be recorded and replayed (with their logits on a device).
     bool logits = out && out->logits;
     int mode = !logits ? 0 : out->want_all ? 2 : 1;
-    bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory && st_experts_device_only(s->ex);
+    bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory;
     fwd_work w = {.s = s, .n = n, .pos0 = s->pos, .head_first = small && logits ? (mode == 2 ? 0 : n - 1) : -1};
-    ST_TRY(small ? s->b->ops->run(s->b, &s->graphs[mode][n], forward_work, &w) : forward_work(&w));
+    ST_TRY(st_experts_begin(s->ex, s->b, n, hp->n_expert_used, hp->n_embd, 0, hp->n_layer));
+    st_status rs = small ? s->b->ops->run(s->b, &s->graphs[mode][n], forward_work, &w) : forward_work(&w);
+    st_status ss = st_experts_serve(s->ex, rs != ST_OK); // the CPU's experts, before anything waits
+    ST_TRY(rs);
+    ST_TRY(ss);
     head(s, n, out, small);
     ST_TRY(s->b->ops->sync(s->b));
     s->pos += n;
@@ -431,7 +436,11 @@ st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hid
     OP(copy_cols, s->xn, E, 0, s->big, 2 * E, E, n, E);
     OP(matmul, &l->mtp_eh, s->big, n, s->x);
     OP(rmsnorm, s->x, l->attn_norm, s->xn, n, E, hp->eps);
-    ST_TRY(layer(s, hp->n_layer, n, pos, l->mtp_head_norm));
+    ST_TRY(st_experts_begin(s->ex, s->b, n, hp->n_expert_used, E, hp->n_layer, hp->n_layer + 1));
+    st_status rs = layer(s, hp->n_layer, n, pos, l->mtp_head_norm);
+    st_status ss = st_experts_serve(s->ex, rs != ST_OK);
+    ST_TRY(rs);
+    ST_TRY(ss);
     head(s, n, out, false);
     ST_TRY(s->b->ops->sync(s->b));
     s->mtp_pos = pos + n;

@@ -147,6 +147,7 @@ def hybrid_cases(a, out: Path, log, report) -> int:
                     ok = ok and bool(np.isfinite(g).all())
                     note = ""
                     if 0 < frac < 1 and case.startswith("decode"):
+                        (out / "again").mkdir(exist_ok=True)
                         g2 = strata_eval(a.bin, path, tk, a.gpu, out / "again", log, *more)
                         same = bool((g2 == g).all())
                         ok = ok and same

@@ -109,7 +109,7 @@ static void cuda_from_host(st_backend *b, void *dst, const void *host, size_t by
 static void *cuda_host_alloc(st_backend *b, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
     void *p = NULL;
-    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped);
     if (e != cudaSuccess) {
         cudaGetLastError(); // not sticky
         st_fail(ST_ERR_NOMEM, "GPU %d: cannot lock %.1f MiB of host memory: %s", c->device, bytes / 1048576.0,
@@ -132,6 +132,44 @@ static void cuda_to_host_async(st_backend *b, void *host, const void *src, size_
 static void cuda_wait_copies(st_backend *b) {
     st_cuda *c = st_cuda_of(b);
     ST_CU(c, cudaEventSynchronize(c->copies));
+}
+
+static void cuda_copy_async(st_backend *b, void *dst, const void *src, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
+}
+
+// The flag is mapped host memory (with unified addressing its host address works here). Stream
+// order puts every copy and kernel queued before this one behind it, so a host that sees the
+// flag sees their results.
+__global__ void signal_host_kernel(volatile uint32_t *flag, const uint32_t *seq) {
+    __threadfence_system();
+    *flag = *seq;
+    __threadfence_system();
+}
+
+__global__ void wait_host_kernel(const volatile uint32_t *flag, const uint32_t *seq) {
+    uint32_t want = *seq;
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (*flag != want) {
+        __nanosleep(200);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > (unsigned long long)ST_HOST_WAIT_S * 1000000000ull) break; // the host is gone
+    }
+    __threadfence_system();
+}
+
+static void cuda_signal_host(st_backend *b, uint32_t *flag, const uint32_t *seq) {
+    st_cuda *c = st_cuda_of(b);
+    signal_host_kernel<<<1, 1, 0, c->stream>>>(flag, seq);
+    ST_CU_LAUNCHED(c, "signal_host_kernel");
+}
+
+static void cuda_wait_host(st_backend *b, const uint32_t *flag, const uint32_t *seq) {
+    st_cuda *c = st_cuda_of(b);
+    wait_host_kernel<<<1, 1, 0, c->stream>>>(flag, seq);
+    ST_CU_LAUNCHED(c, "wait_host_kernel");
 }
 
 static void cuda_copy(st_backend *b, float *dst, const float *src, int64_t n) {
@@ -295,6 +333,9 @@ static const st_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .to_host_async = cuda_to_host_async,
     .wait_copies = cuda_wait_copies,
+    .copy_async = cuda_copy_async,
+    .signal_host = cuda_signal_host,
+    .wait_host = cuda_wait_host,
 };
 
 extern "C" bool st_cuda_available(void) { return true; }
