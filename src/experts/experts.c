@@ -3,6 +3,7 @@
 // and the work of all experts of a layer is spread over the pool in two passes (gate+up, down).
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "experts/experts.h"
@@ -63,8 +64,16 @@ struct st_experts {
     uint32_t *seq_dev;       // backend memory: the current window's number
     uint32_t seq;
     int win_n, win_k, win_first, win_end; // the current window: rows, choices, layer range
-    bool win_called;         // the window's work was queued by calling the forward (not replayed)
-    int win_queued;          // hybrid layers it queued
+    // The serving thread: it answers the window's layers while the thread that queued the
+    // work goes on (that thread may wait for the device, e.g. when a scratch buffer grows, and
+    // the device may be waiting for an answer).
+    pthread_t server;
+    bool server_up, job, quit;
+    int abort_job;           // atomic: the queuing failed; release the device and stop
+    st_status job_status;
+    char job_error[512];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
 };
 
 #define HAND_PUB 0  // u32 at the start of a slot: the device's "published" flag
@@ -101,6 +110,15 @@ static void free_device(st_experts *ex, st_backend *b) {
 
 void st_experts_free(st_experts *ex) {
     if (!ex) return;
+    if (ex->server_up) {
+        pthread_mutex_lock(&ex->mu);
+        ex->quit = true;
+        pthread_cond_broadcast(&ex->cv);
+        pthread_mutex_unlock(&ex->mu);
+        pthread_join(ex->server, NULL);
+        pthread_mutex_destroy(&ex->mu);
+        pthread_cond_destroy(&ex->cv);
+    }
     free_device(ex, ex->b);
     st_free(ex->stage_map);
     st_free(ex->counts);
@@ -406,9 +424,9 @@ static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, c
     b->ops->copy_async(b, ex->y_dev, h + ex->hand_y, sizeof(float) * (size_t)n * d);
     b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
-    ex->win_called = true;
-    ex->win_queued++;
 }
+
+static void *server_main(void *arg);
 
 st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, int first_layer, int end_layer) {
     const st_placement *pl = ex->p.placement;
@@ -431,32 +449,44 @@ st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, i
     }
     ex->seq++;
     b->ops->from_host(b, ex->seq_dev, &ex->seq, sizeof(uint32_t));
+    if (!ex->server_up) {
+        pthread_mutex_init(&ex->mu, NULL);
+        pthread_cond_init(&ex->cv, NULL);
+        if (pthread_create(&ex->server, NULL, server_main, ex)) {
+            pthread_mutex_destroy(&ex->mu);
+            pthread_cond_destroy(&ex->cv);
+            return st_fail(ST_ERR_NOMEM, "cannot start the expert serving thread");
+        }
+        ex->server_up = true;
+    }
     ex->win_n = n, ex->win_k = k, ex->win_first = first_layer, ex->win_end = end_layer;
-    ex->win_called = false;
-    ex->win_queued = 0;
+    pthread_mutex_lock(&ex->mu);
+    __atomic_store_n(&ex->abort_job, 0, __ATOMIC_RELAXED);
+    ex->job = true;
+    pthread_cond_broadcast(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
     return ST_OK;
 }
 
 static void answer(st_experts *ex, int l) { __atomic_store_n(hand_flag(ex, l, HAND_DONE), ex->seq, __ATOMIC_RELEASE); }
 
-st_status st_experts_serve(st_experts *ex, bool failed) {
-    if (!ex->win_n) return ST_OK;
+// The serving thread's work for one window: each hybrid layer of the range in order, as the
+// device publishes it. An abort (or an error) answers the remaining layers at once so the device
+// never waits for nothing.
+static st_status serve_window(st_experts *ex) {
     const st_placement *pl = ex->p.placement;
     int n = ex->win_n, k = ex->win_k, na = n * k, E = pl->n_expert;
-    ex->win_n = 0;
-    // Layers queued: those the forward called, or on a replay every hybrid layer of the range.
-    int todo = ex->win_called ? ex->win_queued : 1 << 30;
     st_status s = ST_OK;
-    for (int l = ex->win_first; l < ex->win_end && todo > 0; l++) {
+    for (int l = ex->win_first; l < ex->win_end; l++) {
         if (!layer_hybrid(pl, l)) continue;
-        todo--;
-        if (failed || s) { // release the device, which may be waiting; the window is lost anyway
+        if (s || __atomic_load_n(&ex->abort_job, __ATOMIC_ACQUIRE)) {
             answer(ex, l);
             continue;
         }
         char *h = ex->hand + (size_t)l * ex->hand_bytes;
         double t0 = st_time_s();
         while (__atomic_load_n(hand_flag(ex, l, HAND_PUB), __ATOMIC_ACQUIRE) != ex->seq) {
+            if (__atomic_load_n(&ex->abort_job, __ATOMIC_ACQUIRE)) break;
             if (st_time_s() - t0 > ST_HOST_WAIT_S) {
                 s = st_fail(ST_ERR_IO, "layer %d: the GPU did not hand over its routing within %d s", l, ST_HOST_WAIT_S);
                 break;
@@ -464,7 +494,7 @@ st_status st_experts_serve(st_experts *ex, bool failed) {
         }
         double t1 = st_time_s();
         ex->stats.wait_s += t1 - t0;
-        if (s) {
+        if (s || __atomic_load_n(hand_flag(ex, l, HAND_PUB), __ATOMIC_ACQUIRE) != ex->seq) {
             answer(ex, l);
             continue;
         }
@@ -484,6 +514,36 @@ st_status st_experts_serve(st_experts *ex, bool failed) {
         answer(ex, l);
     }
     return s;
+}
+
+static void *server_main(void *arg) {
+    st_experts *ex = arg;
+    pthread_mutex_lock(&ex->mu);
+    for (;;) {
+        while (!ex->job && !ex->quit) pthread_cond_wait(&ex->cv, &ex->mu);
+        if (ex->quit) break;
+        pthread_mutex_unlock(&ex->mu);
+        st_status s = serve_window(ex);
+        pthread_mutex_lock(&ex->mu);
+        ex->job_status = s;
+        if (s) snprintf(ex->job_error, sizeof ex->job_error, "%s", st_error());
+        ex->job = false;
+        pthread_cond_broadcast(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+    return NULL;
+}
+
+st_status st_experts_serve(st_experts *ex, bool failed) {
+    if (!ex->win_n) return ST_OK;
+    ex->win_n = 0;
+    if (failed) __atomic_store_n(&ex->abort_job, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&ex->mu);
+    while (ex->job) pthread_cond_wait(&ex->cv, &ex->mu);
+    st_status s = ex->job_status;
+    ex->job_status = ST_OK;
+    pthread_mutex_unlock(&ex->mu);
+    return s ? st_fail(s, "%s", ex->job_error) : ST_OK;
 }
 
 // A prompt chunk's layer some of whose experts the device lacks: the shared and the cached

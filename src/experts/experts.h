@@ -169,12 +169,12 @@ typedef struct st_experts_stats {
 st_experts_stats st_experts_get_stats(const st_experts *ex);
 // A forward window of n rows (k choices, width d) through layers [first_layer, end_layer) is
 // about to be queued: on a device with a hybrid cache, windows of up to ST_GRAPH_ROWS rows hand
-// their missed experts to the host inside the queued (and recordable) work, and the host must
-// call st_experts_serve right after queuing it, before anything waits for the device.
+// their missed experts to the host inside the queued (and recordable) work. A serving thread
+// computes them on the CPU pool, layer by layer as the device publishes them, while the device
+// computes the cached ones; call st_experts_serve after queuing the window.
 st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, int first_layer, int end_layer);
-// Computes the missed experts of the window queued since st_experts_begin, layer by layer as
-// the device publishes them (the CPU pool works while the device computes the cached ones).
-// failed: queuing went wrong; the device is released without computing anything.
+// Waits until the serving thread has answered every layer of the window. failed: queuing went
+// wrong; the serving thread releases the device without computing anything.
 st_status st_experts_serve(st_experts *ex, bool failed);
 // Device memory the streaming of experts for prompt chunks takes (planned with the KV cache).
 size_t st_experts_stage_bytes(void);

@@ -16,7 +16,7 @@ row() { rows+=("$(printf '%-40s %-6s %s' "$1" "$2" "$3")"); }
 
 echo "== smoke: tiny-coder, greedy, cache sizes"
 ref=""
-for c in auto 0 64 128; do
+[ -n "${SKIP_SMOKE:-}" ] || for c in auto 0 64 128; do
   txt=$(timeout 120 "$B/strata" generate -m models/tiny-coder.gguf --gpu 0 --expert-cache $c --adapt-every 0 -n 48 \
         -p "def fibonacci(n):" 2>"$OUT/smoke-$c.log")
   rc=$?
@@ -25,7 +25,7 @@ for c in auto 0 64 128; do
   row "smoke tiny-coder cache $c" "$([ $rc = 0 ] && echo pass || echo FAIL)" "same text as auto: $([ "$txt" = "$ref" ] && echo yes || echo no)"
 done
 
-if [ -x "$B/test_cuda_quant" ]; then
+if [ -z "${SKIP_SMOKE:-}" ] && [ -x "$B/test_cuda_quant" ]; then
   echo "== test_cuda_quant"
   timeout 300 "$B/test_cuda_quant" >"$OUT/test_cuda_quant.log" 2>&1 && r=pass || r=FAIL
   row test_cuda_quant "$r" "$(grep -E 'PASSED|FAILED' "$OUT/test_cuda_quant.log" | tail -1)"
@@ -34,7 +34,8 @@ fi
 
 if [ -z "${SKIP_PARITY:-}" ]; then
   echo "== hybrid parity"
-  timeout 420 python3 tests/gpu/parity.py --bin "$B/strata" --out /tmp/strata-parity --hybrid-only >"$OUT/parity-hybrid.txt" 2>&1 \
+  timeout 420 python3 tests/gpu/parity.py --bin "$B/strata" --out /tmp/strata-parity --hybrid-only \
+    --only "${PARITY_MODELS:-moe-f32,next-f32-mtp,tiny-coder,next-q8_0-q4_K-mtp,moe-shape-q8_0-q4_K}" >"$OUT/parity-hybrid.txt" 2>&1 \
     && r=pass || r=FAIL
   cat "$OUT/parity-hybrid.txt"
   row "parity hybrid (GPU cache vs CPU)" "$r" "$(tail -1 "$OUT/parity-hybrid.txt")"

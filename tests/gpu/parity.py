@@ -111,7 +111,7 @@ def hybrid_cases(a, out: Path, log, report) -> int:
     failed = 0
     rng = np.random.default_rng(11)
     for name, synth, exact in MODELS:
-        if name not in HYBRID_MODELS:
+        if name not in HYBRID_MODELS or (a.only and name not in a.only.split(",")):
             continue
         path = ROOT / "models" / "tiny-coder.gguf" if synth is None else out / f"{name}.gguf"
         try:
