@@ -64,6 +64,7 @@ struct st_experts {
     uint32_t *seq_dev;       // backend memory: the current window's number
     uint32_t seq;
     int win_n, win_k, win_first, win_end; // the current window: rows, choices, layer range
+    int job_n, job_k, job_first, job_end; // the serving thread's copy (taken under mu)
     // The serving thread: it answers the window's layers while the thread that queued the
     // work goes on (that thread may wait for the device, e.g. when a scratch buffer grows, and
     // the device may be waiting for an answer).
@@ -462,6 +463,7 @@ st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, i
     ex->win_n = n, ex->win_k = k, ex->win_first = first_layer, ex->win_end = end_layer;
     pthread_mutex_lock(&ex->mu);
     __atomic_store_n(&ex->abort_job, 0, __ATOMIC_RELAXED);
+    ex->job_n = n, ex->job_k = k, ex->job_first = first_layer, ex->job_end = end_layer;
     ex->job = true;
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
@@ -475,9 +477,9 @@ static void answer(st_experts *ex, int l) { __atomic_store_n(hand_flag(ex, l, HA
 // never waits for nothing.
 static st_status serve_window(st_experts *ex) {
     const st_placement *pl = ex->p.placement;
-    int n = ex->win_n, k = ex->win_k, na = n * k, E = pl->n_expert;
+    int n = ex->job_n, k = ex->job_k, na = n * k, E = pl->n_expert;
     st_status s = ST_OK;
-    for (int l = ex->win_first; l < ex->win_end; l++) {
+    for (int l = ex->job_first; l < ex->job_end; l++) {
         if (!layer_hybrid(pl, l)) continue;
         if (s || __atomic_load_n(&ex->abort_job, __ATOMIC_ACQUIRE)) {
             answer(ex, l);

@@ -59,7 +59,7 @@ for what in "$@"; do
     extra=()
     [ "$bud" != full ] && extra=(--vram-budget-gib "$bud")
     echo "== bench $what budget $bud"
-    timeout 300 "$B/strata" bench -m "$f" --gpu 0 --prompt 2048 --batch 2048 --decode 128 --resident-experts "${extra[@]}" \
+    timeout 300 "$B/strata" bench -m "$f" --gpu 0 --prompt 2048 --batch 2048 --decode 128 ${ARENA:---resident-experts} "${extra[@]}" \
       > "$OUT/bench-$what-$bud.txt" 2>&1 && r=pass || r=FAIL
     cat "$OUT/bench-$what-$bud.txt" | grep -vE "^\s*$" | tail -12
     row "bench $what budget $bud" "$r" "$(grep -E '^prompt|^decode +[0-9]' "$OUT/bench-$what-$bud.txt" | awk '{printf "%s %s t/s; ", $1, $NF}')"
