@@ -73,7 +73,10 @@ int st_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "strata serve: loading %s\n", cfg.model);
     strata_model *m = NULL;
     strata_model_params mp = {.path = cfg.model, .n_threads = cfg.threads, .gpu = cfg.gpu,
-                              .vram_reserve_mib = cfg.vram_reserve_mib};
+                              .vram_reserve_mib = cfg.vram_reserve_mib, .expert_cache = cfg.expert_cache,
+                              .expert_profile = cfg.expert_profile, .vram_budget_gib = cfg.vram_budget_gib,
+                              .n_ctx = cfg.ctx, .n_batch = cfg.batch, .n_seq = cfg.parallel, .resident_gib = cfg.resident_gib,
+                              .pool_workers = cfg.pool_workers, .adapt_every = cfg.adapt_every};
     if (strata_model_open(&mp, &m)) {
         int rc = st_cli_fail(ST_ERR_IO);
         st_server_config_free(&cfg);

@@ -230,6 +230,11 @@ static st_status place_experts(st_model *m, st_backend *b, const st_place_params
                        pp->keep_bytes / 1073741824.0);
     }
     double t0 = st_time_s();
+    size_t cache_b = 0;
+    for (int l = 0; l < L; l++) cache_b += (size_t)p->n_slots[l] * eb[l];
+    st_log_info("experts: copying %lld of %lld (%.2f GiB) into the GPU's cache%s", (long long)placed,
+                (long long)L * E, cache_b / 1073741824.0,
+                placed < (int64_t)L * E && pp->resident_bytes ? "; then page-locked copies of the rest" : "");
     st_status s = st_expert_cache_create(b, p, w, &m->cache);
     size_t resident = placed < (int64_t)L * E ? pp->resident_bytes : 0;
     if (!s) s = st_expert_arena_create(b, p, w, pp->profile, resident, &m->arena);

@@ -57,6 +57,18 @@ static const key keys[] = {
      "N|cpu|auto  where the model runs (default auto: the first usable GPU it fits, else the CPU)"},
     {"vram_reserve_mib", "--vram-reserve-mib", NULL, K_INT, OFF(vram_reserve_mib), 0, 1 << 20, false,
      "N  VRAM left free on the GPU in MiB (default 0: the engine's, 384)"},
+    {"expert_cache", "--expert-cache", NULL, K_STR, OFF(expert_cache), 0, 0, false,
+     "auto|N  experts kept on the GPU (default auto: as many as fit)"},
+    {"expert_profile", "--expert-profile", NULL, K_STR, OFF(expert_profile), 0, 0, false,
+     "FILE  routing counts choosing them (default MODEL.profile when present)"},
+    {"vram_budget_gib", "--vram-budget-gib", NULL, K_FLOAT, OFF(vram_budget_gib), 0, 1e6, false,
+     "G  GPU memory Strata may use in all (default 0: what is free)"},
+    {"resident_gib", "--resident-budget-gib", NULL, K_FLOAT, OFF(resident_gib), -1, 1e6, false,
+     "G  page-locked copies of the experts the GPU lacks (0 = the file's mapping; -1 = all)"},
+    {"pool_workers", "--pool-workers", NULL, K_INT, OFF(pool_workers), 0, 1024, false,
+     "N  CPU threads computing experts beside the GPU (default 0: cores - 1)"},
+    {"adapt_every", "--adapt-every", NULL, K_INT, OFF(adapt_every), -1, 1 << 30, false,
+     "N  windows between expert cache swaps (default 0: 32; -1 = off)"},
     {"layer_split", "--layer-split", NULL, K_SPLIT, OFF(layer_split), 0, 0, false,
      "L,...  where each later GPU's layers start (several GPUs; not built yet)"},
     {"cors_origins", "--cors-origin", NULL, K_ORIGINS, OFF(cors_origins), 0, 0, false,
@@ -96,6 +108,8 @@ void st_server_config_free(st_server_config *c) {
     free(c->api_key);
     free(c->kv);
     free(c->gpu);
+    free(c->expert_cache);
+    free(c->expert_profile);
     json_decref(c->layer_split);
     json_decref(c->cors_origins);
     memset(c, 0, sizeof *c);

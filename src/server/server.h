@@ -35,6 +35,13 @@ typedef struct st_server_config {
     int thinking;             // -1: the template's default, 0 off, 1 on
     char *gpu;                // "auto", "cpu" or a device number (as text): strata_model_params.gpu
     int vram_reserve_mib;     // VRAM left free on the GPU; 0: the engine's default
+    // The hybrid expert cache (docs/HYBRID.md): strata_model_params' fields of the same names.
+    char *expert_cache;       // NULL / "auto" or a number of experts
+    char *expert_profile;     // NULL: MODEL.profile beside the model when present
+    float vram_budget_gib;    // 0: what is free
+    float resident_gib;       // 0: the mapping; < 0: page-locked copies of all experts the GPU lacks
+    int pool_workers;         // 0: cores - 1
+    int adapt_every;          // 0: the default (32); -1: off
     json_t *layer_split;      // NULL, a string or an array of layer numbers (several GPUs)
     json_t *cors_origins;     // array of origins allowed to call the API from a browser
     strata_sampling sampling; // defaults for requests that leave a field out
