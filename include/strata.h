@@ -21,8 +21,8 @@ typedef struct strata_session strata_session;
 typedef struct strata_model_params {
     const char *path;   // GGUF file (any shard of a split model)
     int n_threads;      // CPU threads; 0 = all cores
-    // Where the model runs: NULL or "auto" (the first usable GPU when the model fits on it,
-    // else the CPU, saying why), "cpu", or a GPU index ("0", "1", ...: that GPU or an error).
+    // Where the model runs: NULL or "auto" (the first usable GPU when the model's dense weights
+    // fit on it, the experts that do not fit staying in RAM; else the CPU, saying why), "cpu", or a GPU index ("0", "1", ...: that GPU or an error).
     // The environment variable STRATA_GPU gives the default when this is NULL.
     const char *gpu;
     int vram_reserve_mib;   // VRAM left free on the GPU; 0 = the default (STRATA_VRAM_RESERVE_MIB)
@@ -34,6 +34,7 @@ typedef struct strata_model_params {
     double vram_budget_gib;     // GPU memory Strata may use in all; 0 = what is free
     int n_ctx;                  // context the GPU memory is planned for; 0 = the model's, at most 8192
     int n_batch;                // prompt chunk rows planned for; 0 = 512
+    int n_seq;                  // sessions open at once planned for (server slots); 0 = 1
     double resident_gib;        // page-locked copies of the experts the GPU lacks, hottest layers
                                 // first: 0 = none (read from the mapping), < 0 = all of them
     int pool_workers;           // CPU threads computing experts beside a GPU; 0 = cores - 1

@@ -39,7 +39,7 @@ typedef struct strata_model_params strata_model_params;
 bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, bool *bad);
 #define ST_CLI_DEVICE_HELP                                                                     \
     "  --gpu auto|cpu|N       where the model runs (default auto: the first usable GPU when\n" \
-    "                         the model fits on it, else the CPU; env STRATA_GPU)\n"           \
+    "                         its dense weights fit, else the CPU; env STRATA_GPU)\n"          \
     "  --vram-reserve-mib N   VRAM to leave free on the GPU (default 384)\n"                   \
     "  --vram-budget-gib G    GPU memory Strata may use in all (default: what is free)\n"    \
     "  --expert-cache auto|N  experts kept on the GPU (default auto: as many as fit)\n"      \
