@@ -129,39 +129,6 @@ void st_experts_free(st_experts *ex) {
 
 st_experts_stats st_experts_get_stats(const st_experts *ex) { return ex->stats; }
 
-// Work of one pass: for each active expert, its rows [r0, r1) of a weight matrix in chunks.
-typedef struct moe_pass {
-    const st_mat3 *w[2];    // one or two matrices sharing the input (gate and up)
-    float *y[2];            // (assignments, w->rows) outputs
-    const char *xq;         // (assignments, xs) quantized inputs grouped by expert
-    size_t xs;
-    const int32_t *experts; // (n_active) expert ids
-    const int32_t *start;   // (n_active + 1) first assignment of each active expert
-    int n_active, chunk, n_chunks_per_expert;
-} moe_pass;
-
-static void moe_pass_worker(void *ctx, int ith, int nth) {
-    const moe_pass *p = ctx;
-    int per = p->n_chunks_per_expert, total = p->n_active * per;
-    for (int t = ith; t < total; t += nth) {
-        int a = t / per, c = t % per;
-        int e = p->experts[a], m = p->start[a + 1] - p->start[a];
-        for (int wi = 0; wi < 2 && p->w[wi]; wi++) {
-            const st_mat3 *w = p->w[wi];
-            int64_t r0 = (int64_t)c * p->chunk, r1 = r0 + p->chunk < w->rows ? r0 + p->chunk : w->rows;
-            if (r0 >= r1) continue;
-            st_matmul_args ma = {
-                .type = w->type,
-                .w = (const char *)w->data + (size_t)e * w->mat_bytes + (size_t)r0 * w->row_bytes,
-                .n = w->cols, .rows = r1 - r0,
-                .x = p->xq + (size_t)p->start[a] * p->xs, .x_stride = p->xs, .nx = m,
-                .y = p->y[wi] + (size_t)p->start[a] * w->rows + r0, .ldy = w->rows,
-            };
-            st_matmul(NULL, &ma);
-        }
-    }
-}
-
 // The element-wise steps between the passes, split over the pool by assignment.
 typedef struct act_job {
     const float *x;        // (n_rows, d) inputs, with order[] and k: assignment -> row
@@ -174,6 +141,72 @@ typedef struct act_job {
     size_t qs;
     int n;
 } act_job;
+
+// Work of one pass: for each active expert, its rows [r0, r1) of a weight matrix in chunks.
+typedef struct moe_pass {
+    const st_mat3 *w[2];    // one or two matrices sharing the input (gate and up)
+    float *y[2];            // (assignments, w->rows) outputs
+    const char *xq;         // (assignments, xs) quantized inputs grouped by expert
+    size_t xs;
+    const int32_t *experts; // (n_active) expert ids
+    const int32_t *start;   // (n_active + 1) first assignment of each active expert
+    int n_active, chunk, n_chunks_per_expert;
+    // Small batches: each worker makes the input rows of the expert it works on itself, into
+    // its own buffer (make->x set: the quantized inputs; make->g set: silu(gate)·up quantized),
+    // so the pass needs no pool run of its own before it. NULL: xq is ready.
+    const act_job *make;
+    char *own;              // (threads, own_stride) quantized rows
+    size_t own_stride;
+    float *own_f;           // (threads, make->f) one activation row
+} moe_pass;
+
+// Expert a's input rows into buf (the make step of a small batch).
+static void make_rows(const moe_pass *p, int a, char *buf, float *tmp) {
+    const act_job *j = p->make;
+    for (int gi = p->start[a]; gi < p->start[a + 1]; gi++) {
+        char *q = buf + (size_t)(gi - p->start[a]) * p->xs;
+        if (j->x) {
+            st_quantize(j->type, j->x + (size_t)(j->order[gi] / j->k) * j->d, q, j->d);
+        } else {
+            const float *g = j->g + (size_t)gi * j->f, *u = j->u + (size_t)gi * j->f;
+            for (int c = 0; c < j->f; c++) tmp[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+            st_quantize(j->type, tmp, q, j->f);
+        }
+    }
+}
+
+static void moe_pass_worker(void *ctx, int ith, int nth) {
+    const moe_pass *p = ctx;
+    int per = p->n_chunks_per_expert, total = p->n_active * per;
+    // With a make step, each thread takes a contiguous range of items (mostly one expert's
+    // chunks), so it makes each expert's rows once; else items interleave over the threads.
+    int t0 = p->make ? (int)((int64_t)total * ith / nth) : ith, t1 = p->make ? (int)((int64_t)total * (ith + 1) / nth) : total;
+    int step = p->make ? 1 : nth, made = -1;
+    char *own = p->make ? p->own + (size_t)ith * p->own_stride : NULL;
+    for (int t = t0; t < t1; t += step) {
+        int a = t / per, c = t % per;
+        int e = p->experts[a], m = p->start[a + 1] - p->start[a];
+        const char *xq = p->xq + (size_t)p->start[a] * p->xs;
+        if (p->make) {
+            if (made != a) make_rows(p, a, own, p->own_f + (size_t)ith * p->make->f);
+            made = a;
+            xq = own;
+        }
+        for (int wi = 0; wi < 2 && p->w[wi]; wi++) {
+            const st_mat3 *w = p->w[wi];
+            int64_t r0 = (int64_t)c * p->chunk, r1 = r0 + p->chunk < w->rows ? r0 + p->chunk : w->rows;
+            if (r0 >= r1) continue;
+            st_matmul_args ma = {
+                .type = w->type,
+                .w = (const char *)w->data + (size_t)e * w->mat_bytes + (size_t)r0 * w->row_bytes,
+                .n = w->cols, .rows = r1 - r0,
+                .x = xq, .x_stride = p->xs, .nx = m,
+                .y = p->y[wi] + (size_t)p->start[a] * w->rows + r0, .ldy = w->rows,
+            };
+            st_matmul(NULL, &ma);
+        }
+    }
+}
 
 static void quantize_inputs(void *ctx, int ith, int nth) {
     const act_job *j = ctx;
@@ -189,6 +222,9 @@ static void swiglu_quantize(void *ctx, int ith, int nth) {
         st_quantize(j->type, g, j->q + (size_t)i * j->qs, j->f);
     }
 }
+
+// Assignments (rows times choices) up to which a batch makes its rows inside the passes.
+#define SMALL_ASSIGNMENTS 64
 
 static void run_pass(st_pool *pool, moe_pass *p, int64_t rows) {
     // Enough chunks to keep every thread busy even when few experts are active.
@@ -216,9 +252,16 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
                        "activation types", layer, st_type_name(gate->type), st_type_name(up->type));
     size_t xs = st_row_bytes(gdt, d), hs = st_row_bytes(ddt, F);
 
-    // Workspace: expert lists, quantized inputs, gate/up/act outputs, down outputs.
+    // Small batches make each expert's input rows inside the passes (two pool runs instead of
+    // four: the wake-ups cost more than the few rows a thread may make twice).
+    int nth = st_pool_size(pool) > 0 ? st_pool_size(pool) : 1;
+    bool small = na <= SMALL_ASSIGNMENTS;
+    size_t own_stride = small ? ((size_t)na * (xs > hs ? xs : hs) + 63) / 64 * 64 : 0;
+    // Workspace: expert lists, quantized inputs, gate/up/act outputs, down outputs, the
+    // threads' own rows.
     size_t need = sizeof(int32_t) * ((size_t)E + 1) * 3 + sizeof(int32_t) * na + xs * na +
-                  sizeof(float) * (size_t)na * (2 * F + d) + hs * na + 64 * 8;
+                  sizeof(float) * (size_t)na * (2 * F + d) + hs * na + 64 * 10 +
+                  (small ? own_stride * nth + sizeof(float) * (size_t)nth * F : 0);
     if (need > ex->ws_bytes) {
         st_free(ex->ws);
         ex->ws = st_alloc(need);
@@ -242,6 +285,12 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     TAKE(hu, sizeof(float) * (size_t)na * F);
     TAKE(hq, hs * na);
     TAKE(yo, sizeof(float) * (size_t)na * d);
+    char *own = NULL;
+    float *own_f = NULL;
+    if (small) {
+        TAKE(own, own_stride * nth);
+        TAKE(own_f, sizeof(float) * (size_t)nth * F);
+    }
 #undef TAKE
 
     // Group the (row, slot) assignments by expert: order[] lists them expert by expert, and
@@ -270,17 +319,19 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
 
     // Quantize each assignment's input row in grouped order.
     act_job qj = {.x = x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = valid};
-    st_pool_run(pool, quantize_inputs, &qj);
+    if (!small) st_pool_run(pool, quantize_inputs, &qj);
 
     moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
-                   .start = start, .n_active = n_active};
+                   .start = start, .n_active = n_active, .make = small ? &qj : NULL, .own = own,
+                   .own_stride = own_stride, .own_f = own_f};
     run_pass(pool, &p1, F);
 
     act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
-    st_pool_run(pool, swiglu_quantize, &aj);
+    if (!small) st_pool_run(pool, swiglu_quantize, &aj);
 
     moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
-                   .start = start, .n_active = n_active};
+                   .start = start, .n_active = n_active, .make = small ? &aj : NULL, .own = own,
+                   .own_stride = own_stride, .own_f = own_f};
     run_pass(pool, &p2, d);
 
     // Weighted sum back into rows, slot by slot in a fixed order so the result does not depend
