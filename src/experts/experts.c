@@ -441,6 +441,21 @@ static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args 
     return ST_OK;
 }
 
+// y = the layer's experts the device's cache holds (the others add nothing).
+static void cached_moe(st_experts *ex, st_backend *b, const st_moe_args *a, uint32_t *counts) {
+    const st_expert_cache *c = ex->p.cache;
+    int l = a->layer, E = ex->p.placement->n_expert;
+    st_moe_args g = *a;
+    g.gate = &c->slots[l].gate;
+    g.up = &c->slots[l].up;
+    g.down = &c->slots[l].down;
+    g.slot_map = c->map_dev + (size_t)l * E;
+    g.n_expert = E;
+    g.accumulate = false;
+    g.counts = counts;
+    b->ops->moe(b, &g);
+}
+
 // Rows of a window at most this big hand their missed experts to the CPU pool inside the
 // recorded window (ST_GRAPH_ROWS); larger batches (prompt chunks) stream them to the device.
 #define HAND_ROWS ST_GRAPH_ROWS
@@ -455,23 +470,14 @@ static uint32_t *hand_flag(const st_experts *ex, int l, int which) {
 // layer's hand-off slot, the device computes the shared and the cached experts, then waits for
 // the host's answer (st_experts_serve computes the missed experts meanwhile) and adds it.
 static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
-    const st_expert_cache *c = ex->p.cache;
-    int l = a->layer, n = a->n, na = n * a->k, d = (int)a->gate->cols, E = ex->p.placement->n_expert;
+    int l = a->layer, n = a->n, na = n * a->k, d = (int)a->gate->cols;
     char *h = ex->hand + (size_t)l * ex->hand_bytes;
     b->ops->copy_async(b, h + ex->hand_ids, a->ids, sizeof(int32_t) * (size_t)na);
     b->ops->copy_async(b, h + ex->hand_w, a->weights, sizeof(float) * (size_t)na);
     b->ops->copy_async(b, h + ex->hand_x, a->x, sizeof(float) * (size_t)n * d);
     b->ops->signal_host(b, hand_flag(ex, l, HAND_PUB), ex->seq_dev);
     if (sh) shared_expert(b, sh, a->x, n, d);
-    st_moe_args g = *a;
-    g.gate = &c->slots[l].gate;
-    g.up = &c->slots[l].up;
-    g.down = &c->slots[l].down;
-    g.slot_map = c->map_dev + (size_t)l * E;
-    g.n_expert = E;
-    g.accumulate = false;
-    g.counts = NULL;
-    b->ops->moe(b, &g);
+    cached_moe(ex, b, a, NULL);
     b->ops->wait_host(b, hand_flag(ex, l, HAND_DONE), ex->seq_dev);
     b->ops->copy_async(b, ex->y_dev, h + ex->hand_y, sizeof(float) * (size_t)n * d);
     b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
@@ -603,7 +609,6 @@ st_status st_experts_serve(st_experts *ex, bool failed) {
 // experts on the device, the missed ones streamed to it (the routing read back first).
 static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
     const st_placement *pl = ex->p.placement;
-    const st_expert_cache *c = ex->p.cache;
     int l = a->layer, n = a->n, k = a->k, na = n * k, E = pl->n_expert;
     int d = (int)a->gate->cols;
     ex->b = b;
@@ -618,15 +623,7 @@ static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *
     b->ops->to_host_async(b, h_ids, a->ids, ids_b);
     // Queued behind that copy: the shared expert and the cached experts.
     if (sh) shared_expert(b, sh, a->x, n, d);
-    st_moe_args g = *a;
-    g.gate = &c->slots[l].gate;
-    g.up = &c->slots[l].up;
-    g.down = &c->slots[l].down;
-    g.slot_map = c->map_dev + (size_t)l * E;
-    g.n_expert = E;
-    g.accumulate = false;
-    g.counts = NULL;
-    b->ops->moe(b, &g);
+    cached_moe(ex, b, a, NULL);
     b->ops->wait_copies(b);
     count_routing(ex, l, h_ids, na, E);
     int miss = 0;
@@ -646,39 +643,28 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
         count_routing(ex, l, a->ids, n * a->k, E);
         st_expert_weights w = {*a->gate, *a->up, *a->down};
         ST_TRY(host_moe(ex, b->pool, &w, l, a->x, a->ids, a->weights, n, a->k, NULL, a->y));
-        if (sh) {
-            shared_expert(b, sh, a->x, n, d);
-            b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
+    } else {
+        if (!ex->p.cache)
+            return st_fail(ST_ERR_UNSUPPORTED, "layer %d: no expert cache on the %s backend", l, b->ops->name);
+        if (layer_hybrid(pl, l)) { // these compute the shared expert in between
+            if (n > HAND_ROWS) return hybrid_chunk(ex, b, a, sh);
+            if (!ex->win_n) return st_fail(ST_ERR_ARG, "layer %d: a window without st_experts_begin", l);
+            hybrid_window(ex, b, a, sh);
+            return ST_OK;
         }
-        return ST_OK;
-    }
-    const st_expert_cache *c = ex->p.cache;
-    if (!c) return st_fail(ST_ERR_UNSUPPORTED, "layer %d: no expert cache on the %s backend", l, b->ops->name);
-    if (layer_hybrid(pl, l)) {
-        if (n > HAND_ROWS) return hybrid_chunk(ex, b, a, sh);
-        if (!ex->win_n) return st_fail(ST_ERR_ARG, "layer %d: a window without st_experts_begin", l);
-        hybrid_window(ex, b, a, sh);
-        return ST_OK;
-    }
-    // Every expert of the layer on the device.
-    st_moe_args g = *a;
-    g.gate = &c->slots[l].gate;
-    g.up = &c->slots[l].up;
-    g.down = &c->slots[l].down;
-    g.slot_map = c->map_dev + (size_t)l * E;
-    g.n_expert = E;
-    g.accumulate = false;
-    g.counts = NULL;
-    if (ex->p.count_on_device) {
-        ex->b = b;
-        size_t cb = sizeof(uint32_t) * (size_t)pl->n_layer * E;
-        if (!ex->counts_dev) {
-            if (!(ex->counts_dev = b->ops->alloc(b, cb))) return st_fail_prefix(ST_ERR_NOMEM, "routing counts");
-            b->ops->zero(b, ex->counts_dev, cb);
+        // Every expert of the layer on the device.
+        uint32_t *counts = NULL;
+        if (ex->p.count_on_device) {
+            ex->b = b;
+            size_t cb = sizeof(uint32_t) * (size_t)pl->n_layer * E;
+            if (!ex->counts_dev) {
+                if (!(ex->counts_dev = b->ops->alloc(b, cb))) return st_fail_prefix(ST_ERR_NOMEM, "routing counts");
+                b->ops->zero(b, ex->counts_dev, cb);
+            }
+            counts = ex->counts_dev + (size_t)l * E;
         }
-        g.counts = ex->counts_dev + (size_t)l * E;
+        cached_moe(ex, b, a, counts);
     }
-    b->ops->moe(b, &g);
     if (sh) {
         shared_expert(b, sh, a->x, n, d);
         b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
