@@ -131,6 +131,9 @@ typedef struct strata_expert_stats {
     int64_t cached, total;          // experts in the GPU's cache, experts in the model
 } strata_expert_stats;
 strata_expert_stats strata_session_expert_stats(const strata_session *s);
+// The same summed over every session of the model since it was opened (thread-safe: for
+// monitors such as the server's /status and /metrics).
+strata_expert_stats strata_model_expert_stats(strata_model *m);
 
 // ---------------------------------------------------------------------------------------------
 // Text: the model's tokenizer and chat template (from the GGUF).

@@ -143,6 +143,10 @@ int st_bench_model(int argc, char **argv) {
                        "%.3f s; streamed %.2f GiB in %.3f s; %llu swaps\n", (long long)es.cached, (long long)es.total,
                        100.0 * es.hits / (double)(es.hits + es.misses), es.cpu_s, es.wait_s,
                        es.streamed_bytes / 1073741824.0, es.stream_s, (unsigned long long)es.swaps);
+            strata_gpu_stats gs;
+            if (strata_model_gpu_stats(m, &gs, 1) == 1) // with this test's session still open
+                printf("  GPU memory in use: %.2f of %.2f GiB (the whole card, all processes)\n",
+                       gs.vram_used / 1073741824.0, gs.vram_total / 1073741824.0);
             if (is_decode)
                 printf("\ndecode at %.0f%% of the bound\n", 100.0 * n / (t1 - t0) / (bw * 1e9 / (double)info.decode_bytes));
         }

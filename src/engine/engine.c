@@ -2,6 +2,7 @@
 // backend; a session is one sequence's state fed in prompt chunks.
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ struct strata_model {
     st_backend *backend;
     int gpu;                      // -1: the CPU backend
     int plan_ctx;                 // the context the GPU's memory was planned for (0: none)
+    pthread_mutex_t stats_mu;     // guards experts: every session's expert stats, summed
+    strata_expert_stats experts;
     st_tokenizer *tok;            // NULL when the file has no (usable) tokenizer
     char tok_error[256];          // why, for the first call that needs it
     st_chat_template *tmpl;       // NULL when the file has no chat template
@@ -32,6 +35,7 @@ struct strata_session {
     st_state *state;
     int n_batch, n_ctx;
     int32_t *tokens;              // (n_ctx) what the state holds, oldest first
+    st_experts_stats counted;     // the part of the state's expert stats added to the model's
 };
 
 const char *strata_error(void) { return st_error(); }
@@ -144,6 +148,7 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     *out = NULL;
     strata_model *m = st_calloc(1, sizeof *m);
     if (!m) return ST_ERR_NOMEM;
+    pthread_mutex_init(&m->stats_mu, NULL);
     st_status s = st_gguf_open(p->path, &m->gguf);
     if (!s) s = st_model_load(m->gguf, &m->model);
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
@@ -169,6 +174,7 @@ void strata_model_close(strata_model *m) {
     st_model_free(m->model); // before its backend: a GPU's weight copies go back through it
     st_backend_free(m->backend);
     st_gguf_free(m->gguf);
+    pthread_mutex_destroy(&m->stats_mu);
     st_free(m);
 }
 
@@ -268,14 +274,44 @@ int strata_session_pos(const strata_session *s) { return st_state_pos(s->state);
 strata_model *st_engine_session_model(const strata_session *s) { return s->m; }
 int strata_session_ctx(const strata_session *s) { return s->n_ctx; }
 
+// The cache's size: experts on the GPU, experts in all.
+static void cache_size(const strata_model *m, strata_expert_stats *r) {
+    const st_placement *p = m->model->placement;
+    r->total = (int64_t)p->n_layer * p->n_expert;
+    r->cached = 0;
+    for (int l = 0; l < p->n_layer; l++) r->cached += p->n_slots[l];
+}
+
 strata_expert_stats strata_session_expert_stats(const strata_session *s) {
     st_experts_stats x = st_state_expert_stats(s->state);
-    const st_placement *p = s->m->model->placement;
     strata_expert_stats r = {.hits = x.hits, .misses = x.misses, .streamed_bytes = x.streamed_bytes,
-                             .swaps = x.swaps, .cpu_s = x.cpu_s, .wait_s = x.wait_s, .stream_s = x.stream_s,
-                             .total = (int64_t)p->n_layer * p->n_expert};
-    for (int l = 0; l < p->n_layer; l++) r.cached += p->n_slots[l];
+                             .swaps = x.swaps, .cpu_s = x.cpu_s, .wait_s = x.wait_s, .stream_s = x.stream_s};
+    cache_size(s->m, &r);
     return r;
+}
+
+strata_expert_stats strata_model_expert_stats(strata_model *m) {
+    pthread_mutex_lock(&m->stats_mu);
+    strata_expert_stats r = m->experts;
+    pthread_mutex_unlock(&m->stats_mu);
+    cache_size(m, &r);
+    return r;
+}
+
+// Adds what the session's experts did since the last call to the model's sums.
+static void count_experts(strata_session *s) {
+    st_experts_stats x = st_state_expert_stats(s->state), *c = &s->counted;
+    strata_model *m = s->m;
+    pthread_mutex_lock(&m->stats_mu);
+    m->experts.hits += x.hits - c->hits;
+    m->experts.misses += x.misses - c->misses;
+    m->experts.streamed_bytes += x.streamed_bytes - c->streamed_bytes;
+    m->experts.swaps += x.swaps - c->swaps;
+    m->experts.cpu_s += x.cpu_s - c->cpu_s;
+    m->experts.wait_s += x.wait_s - c->wait_s;
+    m->experts.stream_s += x.stream_s - c->stream_s;
+    pthread_mutex_unlock(&m->stats_mu);
+    *c = x;
 }
 
 strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, size_t n) {
@@ -296,6 +332,7 @@ static st_status forward(strata_session *s, const int32_t *tokens, int n, const 
     int pos = st_state_pos(s->state);
     ST_TRY(st_model_forward(s->m->model, s->state, tokens, n, out));
     memcpy(s->tokens + pos, tokens, sizeof(int32_t) * n);
+    count_experts(s);
     return ST_OK;
 }
 
@@ -326,6 +363,7 @@ strata_status strata_session_mtp_draft(strata_session *s, int pos, const float *
         st_forward_out out = {.logits = logits ? logits + (size_t)i * hp->n_vocab : NULL, .want_all = true,
                               .hidden = hidden_out ? hidden_out + (size_t)i * hp->n_embd : NULL};
         ST_TRY(st_model_mtp(s->m->model, s->state, pos + i, hidden + (size_t)i * hp->n_embd, tokens + i, rows, &out));
+        count_experts(s);
     }
     return ST_OK;
 }

@@ -214,7 +214,7 @@ static st_status place_experts(st_model *m, st_backend *b, const st_place_params
         size_t left = pp->vram_budget > dense + pp->keep_bytes ? pp->vram_budget - dense - pp->keep_bytes : 0;
         if (left < budget) budget = left;
     }
-    if (pp->expert_slots >= 0) { // a slot count asked for: the hottest that many, if they fit
+    if (pp->expert_slots >= 0 && pp->expert_slots < (int64_t)L * E) { // the hottest N, if they fit
         size_t max_e = 0;
         for (int l = 0; l < L; l++) max_e = eb[l] > max_e ? eb[l] : max_e;
         size_t want = (size_t)pp->expert_slots * max_e;

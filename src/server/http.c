@@ -366,14 +366,24 @@ static json_t *status_json(st_server *s) {
         json_array_append_new(gpus, json_pack("{s:i,s:s,s:I,s:I}", "index", gs[i].index, "name", gs[i].name,
                                               "vram_used_bytes", (json_int_t)gs[i].vram_used, "vram_total_bytes",
                                               (json_int_t)gs[i].vram_total));
+    // The hybrid expert cache, when some experts stay off the GPU (null otherwise).
+    strata_expert_stats es = strata_model_expert_stats(s->m);
+    json_t *ec = json_null();
+    if (es.cached < es.total && s->info.gpu >= 0)
+        ec = json_pack("{s:I,s:I,s:f,s:I,s:I,s:f,s:f,s:I,s:I}", "cached", (json_int_t)es.cached, "total",
+                       (json_int_t)es.total, "hit_rate",
+                       es.hits + es.misses ? (double)es.hits / (double)(es.hits + es.misses) : 0.0, "hits",
+                       (json_int_t)es.hits, "misses", (json_int_t)es.misses, "cpu_seconds", es.cpu_s,
+                       "stream_seconds", es.stream_s, "streamed_bytes", (json_int_t)es.streamed_bytes, "swaps",
+                       (json_int_t)es.swaps);
     return json_pack("{s:s,s:s,s:i,s:i,s:f,s:o,s:{s:i,s:i},s:{s:I,s:i,s:I},s:{s:I,s:I},s:{s:f,s:f},s:{s:I,s:I},"
-                     "s:n,s:{s:f,s:I,s:I,s:I,s:o}}",
+                     "s:o,s:{s:f,s:I,s:I,s:I,s:o}}",
                      "model", s->model_id, "backend", s->info.backend ? s->info.backend : "cpu", "ctx", ss.ctx, "parallel", ss.parallel, "uptime_s",
                      st_time_s() - s->t_start, "slots", sl, "queue", "depth", ss.queue_depth, "limit", ss.queue_limit,
                      "requests", "total", (json_int_t)total, "active", active, "errors", (json_int_t)errors, "tokens",
                      "prompt", (json_int_t)ss.prompt_tokens, "generated", (json_int_t)ss.generated_tokens, "speed",
                      "prompt_tps", ss.prompt_tps, "decode_tps", ss.decode_tps, "prompt_cache", "hits",
-                     (json_int_t)ss.cache_hits, "misses", (json_int_t)ss.cache_misses, "expert_cache", "system",
+                     (json_int_t)ss.cache_hits, "misses", (json_int_t)ss.cache_misses, "expert_cache", ec, "system",
                      "cpu_percent", sys.cpu_percent, "ram_used_bytes", (json_int_t)sys.ram_used, "ram_total_bytes",
                      (json_int_t)sys.ram_total, "process_rss_bytes", (json_int_t)sys.rss, "gpus", gpus);
 }
@@ -430,7 +440,18 @@ static char *metrics_text(st_server *s, size_t *len) {
     metric(f, "prompt_cache_misses_total", "counter", "Requests read from the start.", (double)ss.cache_misses);
     metric(f, "prompt_cache_tokens_total", "counter", "Prompt tokens reused from the cache.", (double)ss.cache_tokens);
     metric(f, "uptime_seconds", "gauge", "Seconds since the server started.", st_time_s() - s->t_start);
-    // strata_expert_cache_hit_rate appears once the engine reports its expert cache.
+    strata_expert_stats es = strata_model_expert_stats(s->m);
+    if (es.cached < es.total && s->info.gpu >= 0) { // the hybrid expert cache
+        metric(f, "expert_cache_experts", "gauge", "Experts in the GPU's cache.", (double)es.cached);
+        metric(f, "expert_cache_hits_total", "counter", "Routed choices the GPU's cache held.", (double)es.hits);
+        metric(f, "expert_cache_misses_total", "counter", "Routed choices computed elsewhere.", (double)es.misses);
+        metric(f, "expert_cache_hit_rate", "gauge", "Hits over all routed choices so far.",
+               es.hits + es.misses ? (double)es.hits / (double)(es.hits + es.misses) : 0.0);
+        metric(f, "expert_cpu_seconds_total", "counter", "CPU-pool seconds computing missed experts.", es.cpu_s);
+        metric(f, "expert_streamed_bytes_total", "counter", "Expert bytes copied to the GPU for prompts.",
+               (double)es.streamed_bytes);
+        metric(f, "expert_swaps_total", "counter", "Adaptive expert cache swaps.", (double)es.swaps);
+    }
     fclose(f);
     return text;
 }
