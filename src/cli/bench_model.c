@@ -86,8 +86,13 @@ int st_bench_model(int argc, char **argv) {
                info.gpu, kv, bw);
     else
         printf("commit: %s; backend: cpu; threads: %d; kv: %s; memory read %.1f GB/s\n", commit, nth, kv, bw);
-    printf("decode reads %.1f MiB of weights per token: bound %.1f tokens/s\n\n", info.decode_bytes / 1048576.0,
+    printf("decode reads %.1f MiB of weights per token: bound %.1f tokens/s\n", info.decode_bytes / 1048576.0,
            bw * 1e9 / (double)info.decode_bytes);
+    strata_expert_stats ec = strata_model_expert_stats(m);
+    if (info.gpu >= 0 && ec.cached < ec.total)
+        printf("(%lld of %lld experts are on the GPU, the rest in host memory: the bound takes them all on the "
+               "GPU)\n", (long long)ec.cached, (long long)ec.total);
+    printf("\n");
     printf("%-14s %8s %10s %12s\n", "test", "tokens", "seconds", "tokens/s");
 
     // A warm-up outside the timings: the first call of each kernel and library pays one-time
