@@ -109,7 +109,25 @@ typedef struct st_moe_args {
 
 typedef struct st_backend st_backend;
 
-// How long a device waits for a host thread's answer (wait_host) before it gives up.
+// One hybrid layer's hand-off (host_alloc memory is mapped into the device).
+typedef struct st_hand_args {
+    const int32_t *ids;      // (n, k) backend memory: the chosen experts
+    const float *weights;    // (n, k)
+    const float *x;          // (n, d) the rows' input
+    const int32_t *slot_map; // (n_expert) backend memory: slot or -1 (missing)
+    int n, k, d, n_expert;
+    const uint32_t *seq;     // backend memory: the window's number
+    int32_t *need;           // backend memory: publish's finding, read by collect
+    // The slot in host_alloc memory: header flags and the copies.
+    uint32_t *pub;           // = *seq once published; pub[1] = 1 when the host has work
+    uint32_t *done;          // = *seq once the host answered
+    int32_t *h_ids;
+    float *h_w, *h_x;
+    const float *h_y;        // (n, d) the host's result
+    float *y;                // (n, d) backend memory: += h_y
+} st_hand_args;
+
+// How long a device waits for a host thread's answer (hand_collect) before it gives up.
 #define ST_HOST_WAIT_S 60
 
 // Windows of at most this many rows (decode, verify) may be recorded and replayed; larger
@@ -210,15 +228,13 @@ typedef struct st_backend_ops {
     // the work queued so far, and returns at once; wait_copies waits for every copy started.
     void (*to_host_async)(st_backend *b, void *host, const void *src, size_t bytes);
     void (*wait_copies)(st_backend *b);
-    // The hand-off between queued (and recordable) device work and host threads: host_alloc
-    // memory is also mapped into the device. copy_async copies between backend memory and
-    // host_alloc memory in queue order without waiting; signal_host sets *flag (host_alloc
-    // memory) = *seq (backend memory) once the work queued before it, copies included, is done,
-    // for a host thread polling the flag; wait_host holds the queue until *flag (host_alloc
-    // memory, set by a host thread) equals *seq (it gives up after ST_HOST_WAIT_S seconds).
-    void (*copy_async)(st_backend *b, void *dst, const void *src, size_t bytes);
-    void (*signal_host)(st_backend *b, uint32_t *flag, const uint32_t *seq);
-    void (*wait_host)(st_backend *b, const uint32_t *flag, const uint32_t *seq);
+    // The hand-off of one hybrid layer between queued (recordable) device work and a host
+    // thread: see st_hand_args. publish copies the layer's routing and input rows into the host
+    // slot, notes whether any chosen expert is missing from the device (slot -1), and raises
+    // the slot's published flag; collect, when one was missing, waits until the host answered
+    // (done flag = *seq; it gives up after ST_HOST_WAIT_S seconds) and adds the host's rows.
+    void (*hand_publish)(st_backend *b, const st_hand_args *h);
+    void (*hand_collect)(st_backend *b, const st_hand_args *h);
 } st_backend_ops;
 
 struct st_backend {

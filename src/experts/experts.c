@@ -44,12 +44,10 @@ struct st_experts {
     // Workspace of the CPU pool, grown to the largest batch seen.
     size_t ws_bytes;
     char *ws;
-    // Device backends: page-locked copies of a layer's routing and input rows, the CPU's
-    // results, and the staging stacks experts are streamed into for prompt chunks.
+    // Prompt chunks on a device: a page-locked copy of a layer's routing, and the staging
+    // stacks missed experts are streamed into.
     size_t pin_bytes;
     char *pin;
-    float *y_dev;            // (n, d) the CPU's results on the device
-    size_t y_dev_bytes;
     st_expert_weights stage; // ST_STAGE_BYTES worth of slots (n = how many of this shape fit)
     void *stage_mem;
     size_t stage_bytes;
@@ -62,6 +60,7 @@ struct st_experts {
     char *hand;              // (n_layer) slots of hand_bytes
     size_t hand_bytes, hand_ids, hand_w, hand_x, hand_y; // slot size and offsets of its parts
     uint32_t *seq_dev;       // backend memory: the current window's number
+    int32_t *need_dev;       // (n_layer) backend memory: whether a layer's window has misses
     uint32_t seq;
     int win_n, win_k, win_first, win_end; // the current window: rows, choices, layer range
     int job_n, job_k, job_first, job_end; // the serving thread's copy (taken under mu)
@@ -77,8 +76,9 @@ struct st_experts {
     pthread_cond_t cv;
 };
 
-#define HAND_PUB 0  // u32 at the start of a slot: the device's "published" flag
-#define HAND_DONE 1 // the host's "answered" flag
+#define HAND_PUB 0  // u32s at the start of a slot: the device's "published" flag, then
+#define HAND_NEED 1 // whether the host has work (a chosen expert is missing from the device),
+#define HAND_DONE 2 // and the host's "answered" flag
 
 // Device memory for experts streamed to the GPU per prompt chunk (planned with the KV cache).
 #define ST_STAGE_BYTES ((size_t)512 << 20)
@@ -100,11 +100,11 @@ st_status st_experts_create(const st_experts_params *p, st_experts **out) {
 
 static void free_device(st_experts *ex, st_backend *b) {
     if (!b) return;
-    b->ops->free(b, ex->y_dev);
     b->ops->free(b, ex->stage_mem);
     b->ops->free(b, ex->stage_map_dev);
     b->ops->free(b, ex->counts_dev);
     b->ops->free(b, ex->seq_dev);
+    b->ops->free(b, ex->need_dev);
     if (ex->pin) b->ops->host_free(b, ex->pin);
     if (ex->hand) b->ops->host_free(b, ex->hand);
 }
@@ -470,17 +470,18 @@ static uint32_t *hand_flag(const st_experts *ex, int l, int which) {
 // layer's hand-off slot, the device computes the shared and the cached experts, then waits for
 // the host's answer (st_experts_serve computes the missed experts meanwhile) and adds it.
 static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
-    int l = a->layer, n = a->n, na = n * a->k, d = (int)a->gate->cols;
+    const st_expert_cache *c = ex->p.cache;
+    int l = a->layer, n = a->n, d = (int)a->gate->cols, E = ex->p.placement->n_expert;
     char *h = ex->hand + (size_t)l * ex->hand_bytes;
-    b->ops->copy_async(b, h + ex->hand_ids, a->ids, sizeof(int32_t) * (size_t)na);
-    b->ops->copy_async(b, h + ex->hand_w, a->weights, sizeof(float) * (size_t)na);
-    b->ops->copy_async(b, h + ex->hand_x, a->x, sizeof(float) * (size_t)n * d);
-    b->ops->signal_host(b, hand_flag(ex, l, HAND_PUB), ex->seq_dev);
+    st_hand_args ha = {.ids = a->ids, .weights = a->weights, .x = a->x, .slot_map = c->map_dev + (size_t)l * E,
+                       .n = n, .k = a->k, .d = d, .n_expert = E, .seq = ex->seq_dev, .need = ex->need_dev + l,
+                       .pub = hand_flag(ex, l, HAND_PUB), .done = hand_flag(ex, l, HAND_DONE),
+                       .h_ids = (int32_t *)(h + ex->hand_ids), .h_w = (float *)(h + ex->hand_w),
+                       .h_x = (float *)(h + ex->hand_x), .h_y = (const float *)(h + ex->hand_y), .y = a->y};
+    b->ops->hand_publish(b, &ha);
     if (sh) shared_expert(b, sh, a->x, n, d);
     cached_moe(ex, b, a, NULL);
-    b->ops->wait_host(b, hand_flag(ex, l, HAND_DONE), ex->seq_dev);
-    b->ops->copy_async(b, ex->y_dev, h + ex->hand_y, sizeof(float) * (size_t)n * d);
-    b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
+    b->ops->hand_collect(b, &ha);
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
 }
 
@@ -500,7 +501,8 @@ st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, i
         size_t bytes = y + sizeof(float) * HAND_ROWS * (size_t)d;
         ex->hand = b->ops->host_alloc(b, bytes * pl->n_layer);
         ex->seq_dev = b->ops->alloc(b, sizeof(uint32_t));
-        if (!ex->hand || !ex->seq_dev || !grow(b, (void **)&ex->y_dev, &ex->y_dev_bytes, sizeof(float) * HAND_ROWS * (size_t)d))
+        ex->need_dev = b->ops->alloc(b, sizeof(int32_t) * pl->n_layer);
+        if (!ex->hand || !ex->seq_dev || !ex->need_dev)
             return st_fail_prefix(ST_ERR_NOMEM, "expert hand-off buffers");
         memset(ex->hand, 0, bytes * pl->n_layer);
         ex->hand_bytes = bytes, ex->hand_ids = ids, ex->hand_w = w, ex->hand_x = x, ex->hand_y = y;
@@ -561,11 +563,15 @@ static st_status serve_window(st_experts *ex) {
         float *x = (float *)(h + ex->hand_x), *y = (float *)(h + ex->hand_y);
         const float *w = (const float *)(h + ex->hand_w);
         count_routing(ex, l, ids, na, E);
+        ex->stats.layers++;
+        if (!__atomic_load_n(hand_flag(ex, l, HAND_NEED), __ATOMIC_ACQUIRE)) { // all on the device
+            ex->stats.hits += (uint64_t)na;
+            continue;
+        }
         int miss = 0;
         for (int i = 0; i < na; i++) miss += ids[i] >= 0 && ids[i] < E && st_placement_get(pl, l, ids[i]) == ST_PLACE_HOST;
         ex->stats.hits += (uint64_t)(na - miss);
         ex->stats.misses += (uint64_t)miss;
-        ex->stats.layers++;
         const st_expert_weights *ew = &ex->p.arena->w[l];
         if (miss) s = host_moe(ex, ex->b->pool, ew, l, x, ids, w, n, k, pl, y);
         else memset(y, 0, sizeof(float) * (size_t)n * ew->gate.cols);

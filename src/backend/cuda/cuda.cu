@@ -134,42 +134,61 @@ static void cuda_wait_copies(st_backend *b) {
     ST_CU(c, cudaEventSynchronize(c->copies));
 }
 
-static void cuda_copy_async(st_backend *b, void *dst, const void *src, size_t bytes) {
-    st_cuda *c = st_cuda_of(b);
-    ST_CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
-}
-
-// The flag is mapped host memory (with unified addressing its host address works here). Stream
-// order puts every copy and kernel queued before this one behind it, so a host that sees the
-// flag sees their results.
-__global__ void signal_host_kernel(volatile uint32_t *flag, const uint32_t *seq) {
-    __threadfence_system();
-    *flag = *seq;
-    __threadfence_system();
-}
-
-__global__ void wait_host_kernel(const volatile uint32_t *flag, const uint32_t *seq) {
-    uint32_t want = *seq;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (*flag != want) {
-        __nanosleep(200);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > (unsigned long long)ST_HOST_WAIT_S * 1000000000ull) break; // the host is gone
+// The hybrid hand-off. The slot is mapped host memory (with unified addressing its host
+// address works here): publish writes into it directly, every thread's writes fenced to the
+// system before thread 0 raises the flag, so a host that sees the flag sees the data.
+__global__ void hand_publish_kernel(st_hand_args h) {
+    int t = threadIdx.x, na = h.n * h.k;
+    bool miss = false;
+    for (int a = t; a < na; a += blockDim.x) {
+        int e = h.ids[a];
+        h.h_ids[a] = e;
+        h.h_w[a] = h.weights[a];
+        miss = miss || (e >= 0 && e < h.n_expert && h.slot_map[e] < 0);
     }
+    int need = __syncthreads_or(miss);
+    if (need)
+        for (int i = t; i < h.n * h.d; i += blockDim.x) h.h_x[i] = h.x[i];
     __threadfence_system();
+    __syncthreads();
+    if (t == 0) {
+        *h.need = need;
+        ((volatile uint32_t *)h.pub)[1] = need;
+        __threadfence_system();
+        ((volatile uint32_t *)h.pub)[0] = *h.seq;
+        __threadfence_system();
+    }
 }
 
-static void cuda_signal_host(st_backend *b, uint32_t *flag, const uint32_t *seq) {
-    st_cuda *c = st_cuda_of(b);
-    signal_host_kernel<<<1, 1, 0, c->stream>>>(flag, seq);
-    ST_CU_LAUNCHED(c, "signal_host_kernel");
+__global__ void hand_collect_kernel(st_hand_args h) {
+    if (!*h.need) return;
+    if (threadIdx.x == 0) {
+        uint32_t want = *h.seq;
+        const volatile uint32_t *done = h.done;
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        while (*done != want) {
+            __nanosleep(100);
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > (unsigned long long)ST_HOST_WAIT_S * 1000000000ull) break; // the host is gone
+        }
+        __threadfence_system();
+    }
+    __syncthreads();
+    const volatile float *src = h.h_y;
+    for (int i = threadIdx.x; i < h.n * h.d; i += blockDim.x) h.y[i] += src[i];
 }
 
-static void cuda_wait_host(st_backend *b, const uint32_t *flag, const uint32_t *seq) {
+static void cuda_hand_publish(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
-    wait_host_kernel<<<1, 1, 0, c->stream>>>(flag, seq);
-    ST_CU_LAUNCHED(c, "wait_host_kernel");
+    hand_publish_kernel<<<1, 256, 0, c->stream>>>(*h);
+    ST_CU_LAUNCHED(c, "hand_publish_kernel");
+}
+
+static void cuda_hand_collect(st_backend *b, const st_hand_args *h) {
+    st_cuda *c = st_cuda_of(b);
+    hand_collect_kernel<<<1, 1024, 0, c->stream>>>(*h);
+    ST_CU_LAUNCHED(c, "hand_collect_kernel");
 }
 
 static void cuda_copy(st_backend *b, float *dst, const float *src, int64_t n) {
@@ -333,9 +352,8 @@ static const st_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .to_host_async = cuda_to_host_async,
     .wait_copies = cuda_wait_copies,
-    .copy_async = cuda_copy_async,
-    .signal_host = cuda_signal_host,
-    .wait_host = cuda_wait_host,
+    .hand_publish = cuda_hand_publish,
+    .hand_collect = cuda_hand_collect,
 };
 
 extern "C" bool st_cuda_available(void) { return true; }
