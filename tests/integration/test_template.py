@@ -187,7 +187,11 @@ def make_conversation(rng, i):
 N_CONVERSATIONS = 60
 CONVERSATIONS = [make_conversation(random.Random(1000 + i), i) for i in range(N_CONVERSATIONS)]
 
-TEMPLATE_FILES = ["qwen3.jinja", "qwen3-coder-v1.jinja", "qwen3-coder-v2.jinja", "llama3.2.jinja"]
+# Qwen3-Next-80B-A3B: the Instruct template has no reasoning handling at all (reasoning_content
+# is dropped, no <think>); the Thinking one keeps reasoning after the last user query, renders
+# non-string content as '' and opens the generation prompt with <think>\n.
+TEMPLATE_FILES = ["qwen3.jinja", "qwen3-coder-v1.jinja", "qwen3-coder-v2.jinja", "llama3.2.jinja",
+                  "qwen3-next-instruct.jinja", "qwen3-next-thinking.jinja"]
 # More real templates, beyond the targets: QwQ (generation prompt opens <think>, as thinking-only
 # models do) and Hermes 3 (recursive macros over JSON Schema; it iterates `tools` even when
 # none are given, so conversations without tools fail in jinja2 and must fail here too).
@@ -278,6 +282,50 @@ def test_qwen3_thinking_switch(tmp_path):
     _, on, _ = strata_render(tmp_path, path, msgs, enable_thinking=True)
     assert off.endswith(b"<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert on.endswith(b"<|im_start|>assistant\n")
+
+
+def test_qwen3_next_generation_prompts(tmp_path):
+    msgs = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello", "reasoning_content": "greet"},
+            {"role": "user", "content": "Again"}]
+    for name, tail in [("qwen3-next-instruct.jinja", b"<|im_start|>assistant\n"),
+                       ("qwen3-next-thinking.jinja", b"<|im_start|>assistant\n<think>\n")]:
+        for thinking in (None, True, False):  # neither template reads enable_thinking
+            kw = {} if thinking is None else {"enable_thinking": thinking}
+            rc, got, stderr = strata_render(tmp_path, TEMPLATES / name, msgs, **kw)
+            assert rc == 0, stderr
+            assert got.endswith(b"<|im_start|>user\nAgain<|im_end|>\n" + tail), (name, got)
+            assert b"greet" not in got  # reasoning before the last user query is dropped by both
+            want, err = hf_render((TEMPLATES / name).read_text(), msgs, None, True, **kw)
+            assert err is None and got == want.encode()
+
+
+QWEN3_NEXT_EDGES = [
+    # content as parts and as null: both templates render it as ''; a user turn with parts is
+    # not a "query" for the Thinking template, so reasoning after the earlier query is kept
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r1"},
+     {"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+    [{"role": "user", "content": "q"},
+     {"role": "assistant", "content": None, "reasoning_content": "\nr2\n",
+      "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": [1, "é"]}}}]},
+     {"role": "tool", "content": [{"type": "text", "text": "out"}]},
+     {"role": "tool", "content": "out2"},
+     {"role": "assistant", "content": "<think>\nr3\n</think>\n\ndone", "reasoning_content": None}],
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "<tool_response>x</tool_response>"},
+     {"role": "assistant", "content": "<think>only</think>"}, {"role": "system", "content": "late system"}],
+]
+
+
+@pytest.mark.parametrize("name", ["qwen3-next-instruct.jinja", "qwen3-next-thinking.jinja"])
+@pytest.mark.parametrize("idx", range(len(QWEN3_NEXT_EDGES)))
+def test_qwen3_next_edge_messages(tmp_path, name, idx):
+    msgs = QWEN3_NEXT_EDGES[idx]
+    for gen in (True, False):
+        want, err = hf_render((TEMPLATES / name).read_text(), msgs, TOOLS[:1], gen)
+        rc, got, stderr = strata_render(tmp_path, TEMPLATES / name, msgs, TOOLS[:1], gen)
+        assert err is None, err
+        assert rc == 0, stderr
+        assert got.decode("utf-8") == want
 
 
 def test_content_as_parts_matches(tmp_path):
