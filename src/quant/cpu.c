@@ -140,11 +140,24 @@ static inline void prefetch_row(const uint8_t *p, size_t bytes) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
+// Activation rows from which st_matmul packs 8 weight rows at a time for the GEMM kernels
+// (where the path has them): below it, packing costs more than it saves.
+#define MM_GEMM_MIN_NX 4
+// Packed weights of one 8-row tile, on the worker's stack: a K chunk of at most this many bytes
+// (n = 2048 needs 20 KiB for q4_K, 18 KiB for q8_0) so the tile stays in L1 while every
+// activation row passes; a longer row is done in K chunks that add into y.
+#define MM_GEMM_PACK_BYTES (32 * 1024)
+
 typedef struct mm_job {
     st_matmul_args a;
     st_dot_fn dot;
     st_dot_multi_fn multi;
+    st_gemm_pack_fn gemm_pack; // NULL: no GEMM for this type on this path, or too few rows
+    st_gemm_fn gemm;
+    size_t gemm_block_bytes;   // packed bytes per block of 8 rows
     size_t w_row_bytes;
+    size_t w_block_bytes;      // one weight block; x_block_bytes: its activation block
+    size_t x_block_bytes;
     int64_t chunk; // rows per work item
 } mm_job;
 
@@ -155,7 +168,7 @@ typedef struct mm_ctx {
     char pad[64 - sizeof(int64_t)];
 } mm_ctx;
 
-static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
+static void mm_rows_multi(const mm_job *j, int64_t r0, int64_t r1) {
     const st_matmul_args *a = &j->a;
     const uint8_t *w = a->w;
     const uint8_t *x = a->x;
@@ -190,6 +203,33 @@ static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
     }
 }
 
+// Whole 8-row tiles through the GEMM kernel (each tile packed once, then every activation row
+// against it); a remainder of fewer than 8 rows through dot_multi.
+static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    if (!j->gemm_pack || r1 - r0 < ST_GEMM_ROWS) {
+        mm_rows_multi(j, r0, r1);
+        return;
+    }
+    const st_matmul_args *a = &j->a;
+    const uint8_t *w = a->w;
+    const uint8_t *x = a->x;
+    const size_t rb = j->w_row_bytes;
+    const int64_t nb = a->n / st_type_get(a->type)->block;
+    const int64_t kc = (int64_t)(MM_GEMM_PACK_BYTES / j->gemm_block_bytes); // blocks per K chunk
+    _Alignas(64) uint8_t packed[MM_GEMM_PACK_BYTES];
+    int64_t o = r0;
+    for (; o + ST_GEMM_ROWS <= r1; o += ST_GEMM_ROWS) {
+        if (o + 2 * ST_GEMM_ROWS <= r1) prefetch_row(w + (o + ST_GEMM_ROWS) * rb, ST_GEMM_ROWS * rb);
+        for (int64_t k0 = 0; k0 < nb; k0 += kc) {
+            int64_t kn = nb - k0 < kc ? nb - k0 : kc;
+            j->gemm_pack(kn, packed, w + o * rb + (size_t)k0 * j->w_block_bytes, rb);
+            j->gemm(kn, a->nx, a->y + o, a->ldy, packed, x + (size_t)k0 * j->x_block_bytes,
+                    a->x_stride, k0 > 0);
+        }
+    }
+    if (o < r1) mm_rows_multi(j, o, r1);
+}
+
 // Thread ith first takes chunk ith, then claims further chunks from a shared counter: on shared
 // or virtual machines a thread can be descheduled for a while, and with a purely static split
 // every call would wait for the slowest thread.
@@ -211,13 +251,22 @@ void st_matmul(st_pool *pool, const st_matmul_args *args) {
     ST_ASSERT(args->nx == 1 || args->ldy >= args->rows);
     ST_ASSERT(st_type_get(args->type) && args->n % st_type_get(args->type)->block == 0);
     const st_quant_kernels *k = kernels_now();
+    const st_type_info *ti = st_type_get(args->type);
+    bool gemm = k->gemm_pack[args->type] && args->nx >= MM_GEMM_MIN_NX;
     mm_ctx c = {.job = {
                     .a = *args,
                     .dot = k->dot[args->type],
                     .multi = k->dot_multi[args->type],
+                    .gemm_pack = gemm ? k->gemm_pack[args->type] : NULL,
+                    .gemm = k->gemm[args->type],
+                    .gemm_block_bytes = (size_t)k->gemm_block_bytes[args->type],
                     .w_row_bytes = st_row_bytes(args->type, args->n),
+                    .w_block_bytes = (size_t)ti->block_bytes,
+                    .x_block_bytes = st_row_bytes(ti->dot_type, ti->block),
                 }};
     ST_ASSERT(c.job.dot != NULL);
+    ST_ASSERT(!gemm || (c.job.gemm && c.job.gemm_block_bytes > 0 &&
+                        c.job.gemm_block_bytes <= MM_GEMM_PACK_BYTES));
     if (args->rows == 0) return;
     // Tiny products are not worth waking the pool for.
     int64_t work = args->rows * args->n * args->nx;

@@ -792,6 +792,219 @@ DEFINE_DOTS(f16, f16_rows)
 DEFINE_DOTS(bf16, bf16_rows)
 
 // ---------------------------------------------------------------------------------------------
+// GEMM: 8 weight rows x many activation rows (prompt chunks). The 8 rows are packed so that one
+// vector holds 4 consecutive values of each row; an activation's 4 values, broadcast, then meet
+// all 8 rows in one vpmaddubsw, and the results land in one lane per weight row (no horizontal
+// sums; 8 outputs stored at once). Activation rows go 4 at a time, each packed vector reused 4x.
+
+// 8 vectors of 8 dwords (rows) -> 8 vectors of 8 dwords (columns): out[c] dword r = in[r] dword c.
+AI void transpose8x32(const __m256i in[8], __m256i out[8]) {
+    __m256i t[8], u[8];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
+    }
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { // rows 0-3, then 4-7
+        u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        out[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        out[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
+}
+
+AI __m256i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// An empty asm that "changes" v: GCC would otherwise reassociate a running integer sum into a
+// tree over all of a block's products, which needs far more than 16 registers and spills.
+AI void pin(__m256i *v) { __asm__("" : "+x"(*v)); }
+
+AI void gemm_out(float *y, __m256 v, bool add) {
+    if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(y));
+    _mm256_storeu_ps(y, v);
+}
+
+// Runs rows_fn over nx activation rows, 4 at a time and then the rest.
+#define DEFINE_GEMM(name, rows_fn)                                                              \
+    static void name##_gemm(int64_t nb, int nx, float *y, int64_t ldy, const void *pk,         \
+                            const void *x, size_t xs, bool add) {                              \
+        int r = 0;                                                                              \
+        const uint8_t *xb = x;                                                                  \
+        for (; r + 4 <= nx; r += 4) rows_fn(nb, 4, y + r * ldy, ldy, pk, xb + (size_t)r * xs, xs, add); \
+        switch (nx - r) {                                                                       \
+        case 3: rows_fn(nb, 3, y + r * ldy, ldy, pk, xb + (size_t)r * xs, xs, add); break;      \
+        case 2: rows_fn(nb, 2, y + r * ldy, ldy, pk, xb + (size_t)r * xs, xs, add); break;      \
+        case 1: rows_fn(nb, 1, y + r * ldy, ldy, pk, xb + (size_t)r * xs, xs, add); break;      \
+        default: break;                                                                         \
+        }                                                                                       \
+    }
+
+// Q8_0, packed per block: qs[8 groups][8 rows][4] (signed), d[8] as f32.
+typedef struct { int8_t qs[8][8][4]; float d[8]; } gemm_q8_0;
+_Static_assert(sizeof(gemm_q8_0) == 288, "gemm_q8_0");
+
+static void q8_0_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+    gemm_q8_0 *p = dst;
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i in[8], out[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const block_q8_0 *b = (const block_q8_0 *)((const uint8_t *)w + (size_t)r * rb) + i;
+            in[r] = _mm256_loadu_si256((const __m256i *)b->qs);
+            p[i].d[r] = f16(b->d);
+        }
+        transpose8x32(in, out);
+        #pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[g], out[g]);
+    }
+}
+
+AI void q8_0_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
+                       const void *x, size_t xs, bool add) {
+    const gemm_q8_0 *p = pk;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        #pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            __m256i q = _mm256_load_si256((const __m256i *)p[i].qs[g]);
+            __m256i aq = _mm256_sign_epi8(q, q);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NX; r++) {
+                __m256i qy = bcast32(XROW(block_q8_0, r)[i].qs + 4 * g);
+                __m256i pr = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(qy, q));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(pr, ones));
+                pin(&sumi[r]);
+            }
+        }
+        __m256 d = _mm256_load_ps(p[i].d);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NX; r++) {
+            __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(f16(XROW(block_q8_0, r)[i].d)));
+            acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NX; r++) gemm_out(y + r * ldy, acc[r], add);
+}
+DEFINE_GEMM(q8_0, q8_0_gemm_rows)
+
+// Q4_K, packed per block: qs[8 sub-blocks][8 groups][8 rows][4] (values 0..15); sc[j] the
+// sub-block scales as int16 pairs (lanes 2r, 2r+1 = row r's scale j, for vpmaddwd); mn[t] the
+// mins of sub-blocks 2t, 2t+1 (lane 2r: row r's min 2t, lane 2r+1: min 2t+1); d and dmin in f32.
+typedef struct {
+    uint8_t qs[8][8][8][4];
+    int16_t sc[8][16];
+    int16_t mn[4][16];
+    float d[8], dmin[8];
+} gemm_q4_K;
+_Static_assert(sizeof(gemm_q4_K) == 2496, "gemm_q4_K");
+
+static void q4_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+    gemm_q4_K *p = dst;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t i = 0; i < nb; i++) {
+        const block_q4_K *b[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            b[r] = (const block_q4_K *)((const uint8_t *)w + (size_t)r * rb) + i;
+            p[i].d[r] = f16(b[r]->d);
+            p[i].dmin[r] = f16(b[r]->dmin);
+            uint32_t a0, a1, a2;
+            memcpy(&a0, b[r]->scales, 4);
+            memcpy(&a1, b[r]->scales + 4, 4);
+            memcpy(&a2, b[r]->scales + 8, 4);
+            // The same 6-bit unpacking as kq_scales: bytes 0-3 / 4-7 of sc and m.
+            uint32_t sc[2] = {a0 & 0x3f3f3f3f, (a2 & 0x0f0f0f0f) | ((a0 >> 2) & 0x30303030)};
+            uint32_t m[2] = {a1 & 0x3f3f3f3f, ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 2) & 0x30303030)};
+            #pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                int16_t s = (int16_t)((sc[j / 4] >> (8 * (j % 4))) & 0xff);
+                p[i].sc[j][2 * r] = p[i].sc[j][2 * r + 1] = s;
+                p[i].mn[j / 2][2 * r + j % 2] = (int16_t)((m[j / 4] >> (8 * (j % 4))) & 0xff);
+            }
+        }
+        #pragma GCC unroll 1
+        for (int c = 0; c < 4; c++) { // 32 bytes of qs: sub-blocks 2c (low nibbles), 2c+1 (high)
+            __m256i lo[8], hi[8], out[8];
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b[r]->qs + 32 * c));
+                lo[r] = _mm256_and_si256(v, m4);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            transpose8x32(lo, out);
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[2 * c][g], out[g]);
+            transpose8x32(hi, out);
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[2 * c + 1][g], out[g]);
+        }
+    }
+}
+
+AI void q4_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
+                       const void *x, size_t xs, bool add) {
+    const gemm_q4_K *p = pk;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        #pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            // A sub-block's 8 products per lane summed in int16: |8 * 2 * 15 * 127| < 32768
+            // (q8_K activations stay within +-127).
+            __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                              _mm256_setzero_si256()};
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                __m256i q = _mm256_load_si256((const __m256i *)p[i].qs[j][g]);
+                #pragma GCC unroll 4
+                for (int r = 0; r < NX; r++) {
+                    __m256i qy = bcast32(XROW(block_q8_K, r)[i].qs + 32 * j + 4 * g);
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(q, qy));
+                    pin(&s16[r]);
+                }
+            }
+            __m256i sc = _mm256_load_si256((const __m256i *)p[i].sc[j]);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NX; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16[r], sc));
+        }
+        __m256 d = _mm256_load_ps(p[i].d), dmin = _mm256_load_ps(p[i].dmin);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NX; r++) {
+            const block_q8_K *yb = XROW(block_q8_K, r) + i;
+            // mins: sum over sub-blocks j of min[j] * (bsums[2j] + bsums[2j+1])
+            __m128i b0 = _mm_loadu_si128((const __m128i *)yb->bsums);
+            __m128i b1 = _mm_loadu_si128((const __m128i *)(yb->bsums + 8));
+            __m256i bs = _mm256_broadcastsi128_si256(_mm_hadd_epi16(b0, b1));
+            __m256i mi = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)p[i].mn[0]), _mm256_shuffle_epi32(bs, 0x00));
+            mi = _mm256_add_epi32(mi, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)p[i].mn[1]), _mm256_shuffle_epi32(bs, 0x55)));
+            mi = _mm256_add_epi32(mi, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)p[i].mn[2]), _mm256_shuffle_epi32(bs, 0xaa)));
+            mi = _mm256_add_epi32(mi, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)p[i].mn[3]), _mm256_shuffle_epi32(bs, 0xff)));
+            __m256 yd = _mm256_set1_ps(yb->d);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, yd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, yd), _mm256_cvtepi32_ps(mi), acc[r]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NX; r++) gemm_out(y + r * ldy, acc[r], add);
+}
+DEFINE_GEMM(q4_K, q4_K_gemm_rows)
+
+// ---------------------------------------------------------------------------------------------
 
 #define SET(T, name)                                                                            \
     do {                                                                                        \
@@ -799,7 +1012,16 @@ DEFINE_DOTS(bf16, bf16_rows)
         k->dot_multi[T] = name##_multi;                                                         \
     } while (0)
 
+#define SET_GEMM(T, name)                                                                       \
+    do {                                                                                        \
+        k->gemm_pack[T] = name##_gemm_pack;                                                     \
+        k->gemm[T] = name##_gemm;                                                               \
+        k->gemm_block_bytes[T] = (int)sizeof(gemm_##name);                                      \
+    } while (0)
+
 void st_quant_kernels_avx2(st_quant_kernels *k) {
+    SET_GEMM(ST_TYPE_Q8_0, q8_0);
+    SET_GEMM(ST_TYPE_Q4_K, q4_K);
     SET(ST_TYPE_Q8_0, q8_0);
     SET(ST_TYPE_Q4_0, q4_0);
     SET(ST_TYPE_Q4_1, q4_1);

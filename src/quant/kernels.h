@@ -12,9 +12,25 @@ typedef void (*st_dot_fn)(int64_t n, float *s, const void *w, const void *x);
 typedef void (*st_dot_multi_fn)(int64_t n, int nx, float *s, const void *w, const void *x,
                                 size_t x_stride);
 
+// GEMM for many activation rows (prompt chunks): ST_GEMM_ROWS weight rows are first laid out
+// together (values unpacked, the rows interleaved in 4-byte groups, scales as vectors over the
+// rows), then that tile is multiplied with every activation row, so the unpacking is paid once
+// per tile and each activation group is broadcast against all 8 rows at once.
+#define ST_GEMM_ROWS 8
+// Lays out blocks [0, nb) of ST_GEMM_ROWS weight rows (w_row_bytes apart) into dst, which holds
+// gemm_block_bytes bytes per block and is 32-byte aligned.
+typedef void (*st_gemm_pack_fn)(int64_t nb, void *dst, const void *w, size_t w_row_bytes);
+// y[r * ldy + o] (+)= dot(packed row o, x + r * x_stride) over nb blocks, for o < ST_GEMM_ROWS,
+// r < nx; add: accumulate into y (a later K chunk) instead of storing.
+typedef void (*st_gemm_fn)(int64_t nb, int nx, float *y, int64_t ldy, const void *packed,
+                           const void *x, size_t x_stride, bool add);
+
 typedef struct st_quant_kernels {
     st_dot_fn dot[ST_TYPE_COUNT];
     st_dot_multi_fn dot_multi[ST_TYPE_COUNT]; // NULL: the dispatcher loops over dot
+    st_gemm_pack_fn gemm_pack[ST_TYPE_COUNT]; // NULL: no GEMM kernel, st_matmul uses dot_multi
+    st_gemm_fn gemm[ST_TYPE_COUNT];
+    int gemm_block_bytes[ST_TYPE_COUNT];      // packed bytes per weight block of 8 rows
 } st_quant_kernels;
 
 // Each fills the entries it implements and leaves the others as they are; the dispatcher

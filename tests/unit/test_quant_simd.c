@@ -1,6 +1,6 @@
 // Unit tests for the SIMD CPU kernels: every path this CPU runs (AVX2, AVX-512) against the
-// scalar reference, for every type, odd block counts, dot, dot_multi and st_matmul with odd row
-// counts and several threads. Paths the CPU lacks are skipped, saying so.
+// scalar reference, for every type, odd block counts, dot, dot_multi, the GEMM kernels and
+// st_matmul with odd row counts and several threads. Paths the CPU lacks are skipped, saying so.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -235,6 +235,101 @@ static void test_avx512(void **state) {
     run_path(ST_CPU_AVX512);
 }
 
+// The GEMM kernels (8 weight rows packed, then many activation rows) on one path: directly,
+// for every count of activation rows up to 13 and with add set, and through st_matmul with
+// row counts that leave a remainder of fewer than 8 rows, K chunks (long rows) and the pool.
+// Returns the number of types with a GEMM kernel on the path.
+static int check_gemm(st_cpu_path p) {
+    st_quant_kernels k;
+    memset(&k, 0, sizeof k);
+    st_quant_kernels_scalar(&k);
+    st_quant_kernels_avx2(&k);
+    if (p == ST_CPU_AVX512) st_quant_kernels_avx512(&k);
+    st_pool *pool = st_pool_create(3);
+    assert_non_null(pool);
+    int n_types = 0;
+    for (int t = 0; t < ST_TYPE_COUNT; t++) {
+        if (!k.gemm_pack[t]) continue;
+        assert_non_null(k.gemm[t]);
+        assert_true(k.gemm_block_bytes[t] > 0 && k.gemm_block_bytes[t] % 32 == 0);
+        const st_type_info *ti = st_type_get(t);
+        // Blocks per row: one, odd, and more than one K chunk of st_matmul's 32 KiB tile.
+        int64_t counts[] = {1, 5, 32 * 1024 / k.gemm_block_bytes[t] + 3};
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            int64_t nb = counts[c], n = nb * ti->block;
+            int rows = c == 0 ? 8 : c == 1 ? 21 : 35, nx = c == 2 ? 37 : 13;
+            fixture f;
+            fixture_init(&f, (st_type)t, n, rows, nx);
+            assert_int_equal(st_cpu_path_set(p), ST_OK);
+            size_t wr = st_row_bytes((st_type)t, n);
+            void *packed = st_alloc((size_t)nb * (size_t)k.gemm_block_bytes[t]);
+            assert_non_null(packed);
+            k.gemm_pack[t](nb, packed, f.w, wr);
+            float y[13 * 10];
+            for (int m = 1; m <= 13 && m <= nx; m++) {
+                for (int add = 0; add < 2; add++) {
+                    for (int i = 0; i < 13 * 10; i++) y[i] = add ? (float)(i % 7) : NAN;
+                    k.gemm[t](nb, m, y, 10, packed, f.x, f.xs, add);
+                    for (int r = 0; r < 13; r++)
+                        for (int o = 0; o < 10; o++) {
+                            float got = y[r * 10 + o];
+                            if (r >= m || o >= 8) { // untouched
+                                if (add) assert_true(got == (float)((r * 10 + o) % 7));
+                                else assert_true(isnan(got));
+                            } else {
+                                check(&f, o, r, got - (add ? (float)((r * 10 + o) % 7) : 0), "gemm", p);
+                            }
+                        }
+                }
+            }
+            st_free(packed);
+            // st_matmul: every nx from 1 (dot) through the GEMM threshold to nx, with the pool
+            for (int m = 1; m <= nx; m += m < 12 ? 1 : 12) {
+                int64_t ldy = rows + 1;
+                float *ym = malloc(sizeof(float) * (size_t)ldy * m);
+                for (int use_pool = 0; use_pool < 2; use_pool++) {
+                    for (int64_t i = 0; i < ldy * m; i++) ym[i] = NAN;
+                    st_matmul_args a = {.type = (st_type)t, .w = f.w, .n = n, .rows = rows, .x = f.x,
+                                        .x_stride = f.xs, .nx = m, .y = ym, .ldy = ldy};
+                    st_matmul(use_pool ? pool : NULL, &a);
+                    for (int r = 0; r < m; r++) {
+                        for (int o = 0; o < rows; o++) check(&f, o, r, ym[r * ldy + o], "matmul (gemm)", p);
+                        assert_true(isnan(ym[r * ldy + rows]));
+                    }
+                }
+                free(ym);
+            }
+            fixture_free(&f);
+        }
+        n_types++;
+    }
+    st_pool_free(pool);
+    return n_types;
+}
+
+static void run_gemm(st_cpu_path p) {
+    if (!st_cpu_path_supported(p)) {
+        print_message("[  SKIPPED ] %s GEMM kernels: this CPU cannot run them\n", st_cpu_path_name(p));
+        skip();
+    }
+    st_cpu_path saved = st_cpu_path_get();
+    int n = check_gemm(p);
+    print_message("[    INFO  ] %s: %d types with GEMM kernels match the scalar reference\n",
+                  st_cpu_path_name(p), n);
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+    if (p == ST_CPU_AVX2) assert_true(n >= 2); // q8_0 and q4_K at least
+}
+
+static void test_gemm_avx2(void **state) {
+    (void)state;
+    run_gemm(ST_CPU_AVX2);
+}
+
+static void test_gemm_avx512(void **state) {
+    (void)state;
+    run_gemm(ST_CPU_AVX512);
+}
+
 // The scalar path itself through st_matmul's tiling (many activation rows, more than one tile
 // and group) against single dots.
 static void test_scalar_matmul_tiling(void **state) {
@@ -276,6 +371,8 @@ int main(void) {
         cmocka_unit_test(test_scalar_matmul_tiling),
         cmocka_unit_test(test_avx2),
         cmocka_unit_test(test_avx512),
+        cmocka_unit_test(test_gemm_avx2),
+        cmocka_unit_test(test_gemm_avx512),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
