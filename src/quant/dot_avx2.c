@@ -917,6 +917,8 @@ static void q4_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t i = 0; i < nb; i++) {
         const block_q4_K *b[8];
+        __m256i sc[8], out[8];
+        __m128i mn[8];
         #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
             b[r] = (const block_q4_K *)((const uint8_t *)w + (size_t)r * rb) + i;
@@ -926,31 +928,42 @@ static void q4_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
             memcpy(&a0, b[r]->scales, 4);
             memcpy(&a1, b[r]->scales + 4, 4);
             memcpy(&a2, b[r]->scales + 8, 4);
-            // The same 6-bit unpacking as kq_scales: bytes 0-3 / 4-7 of sc and m.
-            uint32_t sc[2] = {a0 & 0x3f3f3f3f, (a2 & 0x0f0f0f0f) | ((a0 >> 2) & 0x30303030)};
-            uint32_t m[2] = {a1 & 0x3f3f3f3f, ((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 2) & 0x30303030)};
-            #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                int16_t s = (int16_t)((sc[j / 4] >> (8 * (j % 4))) & 0xff);
-                p[i].sc[j][2 * r] = p[i].sc[j][2 * r + 1] = s;
-                p[i].mn[j / 2][2 * r + j % 2] = (int16_t)((m[j / 4] >> (8 * (j % 4))) & 0xff);
-            }
+            // The same 6-bit unpacking as kq_scales: the 8 scales and the 8 mins as bytes.
+            uint64_t s8 = (a0 & 0x3f3f3f3f) | (uint64_t)((a2 & 0x0f0f0f0f) | ((a0 >> 2) & 0x30303030)) << 32;
+            uint64_t m8 = (a1 & 0x3f3f3f3f) | (uint64_t)(((a2 >> 4) & 0x0f0f0f0f) | ((a1 >> 2) & 0x30303030)) << 32;
+            sc[r] = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8)); // dword j: scale j
+            mn[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8));    // dword t: mins 2t, 2t+1
         }
+        transpose8x32(sc, out);
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) // dword r = row r's scale j, in both int16 halves
+            _mm256_store_si256((__m256i *)p[i].sc[j], _mm256_or_si256(out[j], _mm256_slli_epi32(out[j], 16)));
+        // 4x4 dword transposes of rows 0-3 (low lane) and 4-7 (high lane).
+        __m256i rr[4], a[4];
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) rr[k] = _mm256_set_m128i(mn[k + 4], mn[k]);
+        a[0] = _mm256_unpacklo_epi32(rr[0], rr[1]);
+        a[1] = _mm256_unpackhi_epi32(rr[0], rr[1]);
+        a[2] = _mm256_unpacklo_epi32(rr[2], rr[3]);
+        a[3] = _mm256_unpackhi_epi32(rr[2], rr[3]);
+        _mm256_store_si256((__m256i *)p[i].mn[0], _mm256_unpacklo_epi64(a[0], a[2]));
+        _mm256_store_si256((__m256i *)p[i].mn[1], _mm256_unpackhi_epi64(a[0], a[2]));
+        _mm256_store_si256((__m256i *)p[i].mn[2], _mm256_unpacklo_epi64(a[1], a[3]));
+        _mm256_store_si256((__m256i *)p[i].mn[3], _mm256_unpackhi_epi64(a[1], a[3]));
         #pragma GCC unroll 1
         for (int c = 0; c < 4; c++) { // 32 bytes of qs: sub-blocks 2c (low nibbles), 2c+1 (high)
-            __m256i lo[8], hi[8], out[8];
+            // Transposed as packed bytes, then split: moving whole dwords keeps each byte's
+            // two nibbles together (and the 16-bit lanes the shift works in).
+            __m256i v[8];
             #pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b[r]->qs + 32 * c));
-                lo[r] = _mm256_and_si256(v, m4);
-                hi[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(b[r]->qs + 32 * c));
+            transpose8x32(v, out);
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                _mm256_store_si256((__m256i *)p[i].qs[2 * c][g], _mm256_and_si256(out[g], m4));
+                _mm256_store_si256((__m256i *)p[i].qs[2 * c + 1][g],
+                                   _mm256_and_si256(_mm256_srli_epi16(out[g], 4), m4));
             }
-            transpose8x32(lo, out);
-            #pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[2 * c][g], out[g]);
-            transpose8x32(hi, out);
-            #pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[2 * c + 1][g], out[g]);
         }
     }
 }
