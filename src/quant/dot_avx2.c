@@ -901,7 +901,8 @@ AI void q8_0_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const vo
 }
 DEFINE_GEMM(q8_0, q8_0_gemm_rows)
 
-// Q4_K, packed per block: qs[8 sub-blocks][8 groups][8 rows][4] (values 0..15); sc[j] the
+// Q4_K (and Q5_K), packed per block: qs[8 sub-blocks][8 groups][8 rows][4] (values 0..15,
+// 0..31 for Q5_K); sc[j] the
 // sub-block scales as int16 pairs (lanes 2r, 2r+1 = row r's scale j, for vpmaddwd); mn[t] the
 // mins of sub-blocks 2t, 2t+1 (lane 2r: row r's min 2t, lane 2r+1: min 2t+1); d and dmin in f32.
 typedef struct {
@@ -912,16 +913,21 @@ typedef struct {
 } gemm_q4_K;
 _Static_assert(sizeof(gemm_q4_K) == 2496, "gemm_q4_K");
 
-static void q4_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+// Q5_K packs the same way, with the 5th bit or-ed into each value (0..31).
+AI void q45k_gemm_pack(const int is_q5, int64_t nb, void *dst, const void *w, size_t rb) {
     gemm_q4_K *p = dst;
+    const size_t bsz = is_q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t i = 0; i < nb; i++) {
-        const block_q4_K *b[8];
-        __m256i sc[8], out[8];
+        const block_q4_K *b[8]; // Q4_K and Q5_K share d, dmin, scales[12] at the start
+        const uint8_t *qs[8];
+        __m256i sc[8], out[8], qh[8];
         __m128i mn[8];
         #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            b[r] = (const block_q4_K *)((const uint8_t *)w + (size_t)r * rb) + i;
+            b[r] = (const block_q4_K *)((const uint8_t *)w + (size_t)r * rb + (size_t)i * bsz);
+            qs[r] = is_q5 ? ((const block_q5_K *)b[r])->qs : b[r]->qs;
+            if (is_q5) qh[r] = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b[r])->qh);
             p[i].d[r] = f16(b[r]->d);
             p[i].dmin[r] = f16(b[r]->dmin);
             uint32_t a0, a1, a2;
@@ -950,26 +956,41 @@ static void q4_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
         _mm256_store_si256((__m256i *)p[i].mn[1], _mm256_unpackhi_epi64(a[0], a[2]));
         _mm256_store_si256((__m256i *)p[i].mn[2], _mm256_unpacklo_epi64(a[1], a[3]));
         _mm256_store_si256((__m256i *)p[i].mn[3], _mm256_unpackhi_epi64(a[1], a[3]));
+        __m256i qht[8]; // qht[g] dword r: row r's qh bytes 4g..4g+3; bit j: 5th bit of sub-block j
+        if (is_q5) transpose8x32(qh, qht);
         #pragma GCC unroll 1
         for (int c = 0; c < 4; c++) { // 32 bytes of qs: sub-blocks 2c (low nibbles), 2c+1 (high)
             // Transposed as packed bytes, then split: moving whole dwords keeps each byte's
             // two nibbles together (and the 16-bit lanes the shift works in).
             __m256i v[8];
             #pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(b[r]->qs + 32 * c));
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(qs[r] + 32 * c));
             transpose8x32(v, out);
             #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
-                _mm256_store_si256((__m256i *)p[i].qs[2 * c][g], _mm256_and_si256(out[g], m4));
-                _mm256_store_si256((__m256i *)p[i].qs[2 * c + 1][g],
-                                   _mm256_and_si256(_mm256_srli_epi16(out[g], 4), m4));
+                __m256i lo = _mm256_and_si256(out[g], m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(out[g], 4), m4);
+                if (is_q5) { // bit j of each qh byte, moved to bit 4 (the 16-bit shifts stay per byte)
+                    const __m256i one = _mm256_set1_epi8(1);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qht[g], 2 * c), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qht[g], 2 * c + 1), one), 4));
+                }
+                _mm256_store_si256((__m256i *)p[i].qs[2 * c][g], lo);
+                _mm256_store_si256((__m256i *)p[i].qs[2 * c + 1][g], hi);
             }
         }
     }
 }
 
-AI void q4_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
-                       const void *x, size_t xs, bool add) {
+static void q4_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+    q45k_gemm_pack(0, nb, dst, w, rb);
+}
+static void q5_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+    q45k_gemm_pack(1, nb, dst, w, rb);
+}
+
+AI void q45k_gemm_rows(const int is_q5, int64_t nb, const int NX, float *y, int64_t ldy,
+                       const void *pk, const void *x, size_t xs, bool add) {
     const gemm_q4_K *p = pk;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
@@ -977,23 +998,27 @@ AI void q4_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const vo
                            _mm256_setzero_si256()};
         #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {
-            // A sub-block's 8 products per lane summed in int16: |8 * 2 * 15 * 127| < 32768
-            // (q8_K activations stay within +-127).
-            __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                              _mm256_setzero_si256()};
-            #pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) {
-                __m256i q = _mm256_load_si256((const __m256i *)p[i].qs[j][g]);
-                #pragma GCC unroll 4
-                for (int r = 0; r < NX; r++) {
-                    __m256i qy = bcast32(XROW(block_q8_K, r)[i].qs + 32 * j + 4 * g);
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(q, qy));
-                    pin(&s16[r]);
-                }
-            }
+            // A sub-block's products per lane summed in int16 over 8 groups for Q4_K
+            // (|8 * 2 * 15 * 127| < 32768: q8_K activations stay within +-127), over 4 for Q5_K.
+            const int span = is_q5 ? 4 : 8;
             __m256i sc = _mm256_load_si256((const __m256i *)p[i].sc[j]);
-            #pragma GCC unroll 4
-            for (int r = 0; r < NX; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16[r], sc));
+            #pragma GCC unroll 2
+            for (int g0 = 0; g0 < 8; g0 += span) {
+                __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                                  _mm256_setzero_si256()};
+                #pragma GCC unroll 8
+                for (int g = g0; g < g0 + span; g++) {
+                    __m256i q = _mm256_load_si256((const __m256i *)p[i].qs[j][g]);
+                    #pragma GCC unroll 4
+                    for (int r = 0; r < NX; r++) {
+                        __m256i qy = bcast32(XROW(block_q8_K, r)[i].qs + 32 * j + 4 * g);
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(q, qy));
+                        pin(&s16[r]);
+                    }
+                }
+                #pragma GCC unroll 4
+                for (int r = 0; r < NX; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16[r], sc));
+            }
         }
         __m256 d = _mm256_load_ps(p[i].d), dmin = _mm256_load_ps(p[i].dmin);
         #pragma GCC unroll 4
@@ -1015,7 +1040,120 @@ AI void q4_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const vo
     #pragma GCC unroll 4
     for (int r = 0; r < NX; r++) gemm_out(y + r * ldy, acc[r], add);
 }
+AI void q4_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
+                       const void *x, size_t xs, bool add) {
+    q45k_gemm_rows(0, nb, NX, y, ldy, pk, x, xs, add);
+}
+AI void q5_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
+                       const void *x, size_t xs, bool add) {
+    q45k_gemm_rows(1, nb, NX, y, ldy, pk, x, xs, add);
+}
 DEFINE_GEMM(q4_K, q4_K_gemm_rows)
+DEFINE_GEMM(q5_K, q5_K_gemm_rows)
+typedef gemm_q4_K gemm_q5_K;
+
+// Q6_K, packed per block: qs[8 vectors][8 groups][8 rows][4] (values 0..63: vector t holds
+// elements 32t..32t+31, i.e. sub-blocks 2t (groups 0-3) and 2t+1 (groups 4-7)); sc[s] the
+// sub-block scales as int16 pairs (lanes 2r, 2r+1 = row r's scale s); sp[k] scales 2k, 2k+1
+// (lane 2r: row r's scale 2k, 2r+1: scale 2k+1) for the -32 offset against the bsums; d in f32.
+typedef struct {
+    uint8_t qs[8][8][8][4];
+    int16_t sc[16][16];
+    int16_t sp[8][16];
+    float d[8];
+} gemm_q6_K;
+_Static_assert(sizeof(gemm_q6_K) == 2848, "gemm_q6_K");
+
+static void q6_K_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+    gemm_q6_K *p = dst;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < nb; i++) {
+        const block_q6_K *b[8];
+        __m256i s32[8], out[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            b[r] = (const block_q6_K *)((const uint8_t *)w + (size_t)r * rb) + i;
+            p[i].d[r] = f16(b[r]->d);
+            // dword k: scales 2k, 2k+1 as int16 (the pair layout of sp)
+            __m128i s8 = _mm_loadu_si128((const __m128i *)b[r]->scales);
+            s32[r] = _mm256_cvtepi8_epi16(s8);
+        }
+        transpose8x32(s32, out); // out[k] dword r: row r's scales 2k (low half), 2k+1 (high)
+        #pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            _mm256_store_si256((__m256i *)p[i].sp[k], out[k]);
+            __m256i lo = _mm256_shufflelo_epi16(_mm256_shufflehi_epi16(out[k], 0xa0), 0xa0); // low halves doubled
+            __m256i hi = _mm256_shufflelo_epi16(_mm256_shufflehi_epi16(out[k], 0xf5), 0xf5); // high halves doubled
+            _mm256_store_si256((__m256i *)p[i].sc[2 * k], lo);
+            _mm256_store_si256((__m256i *)p[i].sc[2 * k + 1], hi);
+        }
+        #pragma GCC unroll 1
+        for (int h = 0; h < 2; h++) { // elements 128h..128h+127: vectors 4h..4h+3, as in q6_K_rows
+            __m256i q[4][8];
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[r]->ql + 64 * h));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[r]->ql + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b[r]->qh + 32 * h));
+                q[0][r] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                q[1][r] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                q[2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+                q[3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                transpose8x32(q[t], out);
+                #pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[4 * h + t][g], out[g]);
+            }
+        }
+    }
+}
+
+AI void q6_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
+                       const void *x, size_t xs, bool add) {
+    const gemm_q6_K *p = pk;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        #pragma GCC unroll 1
+        for (int t = 0; t < 8; t++) {
+            // Two groups per int16 sum: |2 * 2 * 63 * 127| < 32768.
+            #pragma GCC unroll 4
+            for (int g = 0; g < 8; g += 2) {
+                __m256i q0 = _mm256_load_si256((const __m256i *)p[i].qs[t][g]);
+                __m256i q1 = _mm256_load_si256((const __m256i *)p[i].qs[t][g + 1]);
+                __m256i sc = _mm256_load_si256((const __m256i *)p[i].sc[2 * t + g / 4]);
+                #pragma GCC unroll 4
+                for (int r = 0; r < NX; r++) {
+                    const int8_t *qy = XROW(block_q8_K, r)[i].qs + 32 * t + 4 * g;
+                    __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast32(qy)),
+                                                   _mm256_maddubs_epi16(q1, bcast32(qy + 4)));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16, sc));
+                    pin(&sumi[r]);
+                }
+            }
+        }
+        __m256 d = _mm256_load_ps(p[i].d);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NX; r++) {
+            const block_q8_K *yb = XROW(block_q8_K, r) + i;
+            // the -32 offset: sum over sub-blocks s of scale[s] * bsums[s]
+            __m256i off = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)p[i].sp[k]),
+                                                              bcast32(yb->bsums + 2 * k)));
+            __m256i v = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(off, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(yb->d)), _mm256_cvtepi32_ps(v), acc[r]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NX; r++) gemm_out(y + r * ldy, acc[r], add);
+}
+DEFINE_GEMM(q6_K, q6_K_gemm_rows)
 
 // ---------------------------------------------------------------------------------------------
 
@@ -1035,6 +1173,8 @@ DEFINE_GEMM(q4_K, q4_K_gemm_rows)
 void st_quant_kernels_avx2(st_quant_kernels *k) {
     SET_GEMM(ST_TYPE_Q8_0, q8_0);
     SET_GEMM(ST_TYPE_Q4_K, q4_K);
+    SET_GEMM(ST_TYPE_Q5_K, q5_K);
+    SET_GEMM(ST_TYPE_Q6_K, q6_K);
     SET(ST_TYPE_Q8_0, q8_0);
     SET(ST_TYPE_Q4_0, q4_0);
     SET(ST_TYPE_Q4_1, q4_1);
