@@ -31,7 +31,9 @@ typedef struct strata_model_params {
     const char *expert_cache;   // NULL or "auto": as many experts as fit; "N": at most N ("0": none)
     const char *expert_profile; // routing counts (strata profile); NULL: MODEL.profile beside the
                                 // GGUF when there is one, else all experts equally hot
-    double vram_budget_gib;     // GPU memory Strata may use in all; 0 = what is free
+    double vram_budget_gib;     // the GPU's size to plan for (a card of that size emulated): what
+                                // is in use before Strata starts (CUDA context, other programs)
+                                // and the reserve count against it; 0 = the whole card
     int n_ctx;                  // context the GPU memory is planned for; 0 = the model's, at most 8192
     int n_batch;                // prompt chunk rows planned for; 0 = 512
     int n_seq;                  // sessions open at once planned for (server slots); 0 = 1
@@ -41,6 +43,10 @@ typedef struct strata_model_params {
     int adapt_every;            // windows between adaptive swaps; 0 = the default (32), < 0 = off
     int adapt_swaps;            // swaps at most per decision; 0 = the default (8)
     double adapt_decay;         // per-window decay of the routing scores; 0 = the default (0.95)
+    // Share of a decode window's missed experts copied to the GPU and computed there, the rest on
+    // the CPU pool (docs/HYBRID.md): 0 = what a probe of the link and the CPU at start picks,
+    // < 0 = none (every miss on the CPU: windows stay CUDA graphs), (0, 1] = that share.
+    double pcie_frac;
 } strata_model_params;
 #define STRATA_VRAM_RESERVE_MIB 384
 
@@ -129,6 +135,7 @@ typedef struct strata_expert_stats {
     uint64_t hits, misses, streamed_bytes, swaps;
     double cpu_s, wait_s, stream_s;
     int64_t cached, total;          // experts in the GPU's cache, experts in the model
+    double pcie_frac;               // share of decode misses streamed to the GPU (--pcie-frac, or the probe's)
 } strata_expert_stats;
 strata_expert_stats strata_session_expert_stats(const strata_session *s);
 // The same summed over every session of the model since it was opened (thread-safe: for

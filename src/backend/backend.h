@@ -154,10 +154,15 @@ typedef struct st_backend_ops {
     // backend may record the work the first times and replay the recording later (fn is then
     // not called). *slot (NULL at first) holds the recording; release it with graph_free. The
     // host values fn's ops read must come from backend memory (positions: pos_dev, pos ids).
+    // With b->eager set, fn just runs (see st_backend).
     st_status (*run)(st_backend *b, void **slot, st_work_fn fn, void *ctx);
     void (*graph_free)(st_backend *b, void *graph);
     void (*zero)(st_backend *b, void *p, size_t bytes);
     size_t (*mem_free)(st_backend *b);           // bytes the backend can still allocate; 0 = unknown
+    // The device's memory in all (free or not, every process's); NULL on backends without a
+    // device memory of their own (the CPU). With mem_free it gives what is in use before Strata
+    // allocates: the CUDA context, other programs (what --vram-budget-gib counts as taken).
+    size_t (*mem_total)(st_backend *b);
     // y (n, w.rows) = x (n, w.cols) · wᵀ
     void (*matmul)(st_backend *b, const st_mat *w, const float *x, int n, float *y);
     // y (n, w.cols) = rows ids[i] of w, dequantized (the embedding lookup)
@@ -240,6 +245,10 @@ typedef struct st_backend_ops {
 struct st_backend {
     const st_backend_ops *ops;
     st_pool *pool;       // CPU threads (the CPU backend's workers; the CPU pool for others)
+    // Set before run: the next run calls fn as it comes, neither recording nor replaying (its
+    // work reads device results back midway, e.g. decode windows that stream missed experts to
+    // the device, --pcie-frac). The experts module sets it for each window (st_experts_begin).
+    bool eager;
     void *scratch;       // quantized activations for matmul
     size_t scratch_bytes;
 };

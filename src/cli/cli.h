@@ -41,7 +41,8 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
     "  --gpu auto|cpu|N       where the model runs (default auto: the first usable GPU when\n" \
     "                         its dense weights fit, else the CPU; env STRATA_GPU)\n"          \
     "  --vram-reserve-mib N   VRAM to leave free on the GPU (default 384)\n"                   \
-    "  --vram-budget-gib G    GPU memory Strata may use in all (default: what is free)\n"    \
+    "  --vram-budget-gib G    plan for a GPU of G GiB: what is already in use on the card\n" \
+    "                         counts against it (default: the whole card)\n"                \
     "  --expert-cache auto|N  experts kept on the GPU (default auto: as many as fit)\n"      \
     "  --expert-profile FILE  routing counts choosing them (default MODEL.profile if any)\n" \
     "  --resident-experts     page-locked copies of the experts the GPU lacks (faster to\n"  \
@@ -51,7 +52,10 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
     "  --pool-workers N       CPU threads computing experts beside the GPU (default cores-1)\n" \
     "  --adapt-every N        windows between expert cache swaps (default 32; 0 = off)\n"     \
     "  --adapt-swaps K        swaps at most each time (default 8)\n"                         \
-    "  --adapt-decay F        per-window decay of the routing counts (default 0.95)\n"
+    "  --adapt-decay F        per-window decay of the routing counts (default 0.95)\n"      \
+    "  --pcie-frac F          share (0..1) of a decode window's missed experts copied to the\n" \
+    "                         GPU and computed there, the rest on the CPU (default: a probe\n" \
+    "                         of the link and the CPU at start picks; 0 = all on the CPU)\n"
 
 // Prints "strata: <message>" for a failed status and returns exit code 1.
 int st_cli_fail(st_status s);

@@ -89,6 +89,14 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
         mp->adapt_decay = f;
         return true;
     }
+    if (st_cli_opt(argc, argv, i, "--pcie-frac", &v, bad)) {
+        if (!*bad && (!st_cli_float("--pcie-frac", v, &f) || !(f >= 0 && f <= 1))) {
+            if (!(f >= 0 && f <= 1)) fprintf(stderr, "strata: --pcie-frac: '%s' must be in 0 .. 1\n", v);
+            *bad = true;
+        }
+        mp->pcie_frac = f > 0 ? f : -1; // 0 asked: none (0 in the params is the probe's pick)
+        return true;
+    }
     return false;
 }
 

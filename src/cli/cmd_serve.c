@@ -76,7 +76,9 @@ int st_cmd_serve(int argc, char **argv) {
                               .vram_reserve_mib = cfg.vram_reserve_mib, .expert_cache = cfg.expert_cache,
                               .expert_profile = cfg.expert_profile, .vram_budget_gib = cfg.vram_budget_gib,
                               .n_ctx = cfg.ctx, .n_batch = cfg.batch, .n_seq = cfg.parallel, .resident_gib = cfg.resident_gib,
-                              .pool_workers = cfg.pool_workers, .adapt_every = cfg.adapt_every};
+                              .pool_workers = cfg.pool_workers, .adapt_every = cfg.adapt_every,
+                              // the config's 0 is "none", the engine's 0 "the probe's pick"
+                              .pcie_frac = cfg.pcie_frac < 0 ? 0 : cfg.pcie_frac > 0 ? cfg.pcie_frac : -1};
     if (strata_model_open(&mp, &m)) {
         int rc = st_cli_fail(ST_ERR_IO);
         st_server_config_free(&cfg);

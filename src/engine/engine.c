@@ -94,6 +94,10 @@ static st_status place_params(strata_model *m, const strata_model_params *p, st_
     pp->adapt_decay = p->adapt_decay > 0 ? p->adapt_decay : 0.95;
     if (p->adapt_decay < 0 || p->adapt_decay > 1)
         return st_fail(ST_ERR_ARG, "--adapt-decay %g: must be in (0, 1]", p->adapt_decay);
+    if (!(p->pcie_frac <= 1)) // also NaN
+        return st_fail(ST_ERR_ARG, "--pcie-frac %g: must be in 0 .. 1 (the share of missed experts copied to "
+                       "the GPU)", p->pcie_frac);
+    pp->pcie_frac = p->pcie_frac > 0 ? p->pcie_frac : p->pcie_frac < 0 ? 0 : -1;
     ST_TRY(load_profile(mo, p->path, p->expert_profile, profile));
     pp->profile = *profile;
     return ST_OK;
@@ -280,6 +284,7 @@ static void cache_size(const strata_model *m, strata_expert_stats *r) {
     r->total = (int64_t)p->n_layer * p->n_expert;
     r->cached = 0;
     for (int l = 0; l < p->n_layer; l++) r->cached += p->n_slots[l];
+    r->pcie_frac = m->model->cache ? m->model->cache->pcie_frac : 0;
 }
 
 strata_expert_stats strata_session_expert_stats(const strata_session *s) {

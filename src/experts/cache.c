@@ -133,6 +133,27 @@ void st_expert_cache_swap(st_backend *b, st_expert_cache *c, const st_placement 
     b->ops->from_host(b, c->map_dev + row + sw->out, &p->slot[row + sw->out], sizeof(int32_t));
 }
 
+double st_expert_link_gbs(st_backend *b, bool pinned, size_t total) {
+    if (b->ops->host_memory || !b->ops->host_alloc) return 0;
+    size_t chunk = (size_t)16 << 20;
+    void *dev = b->ops->alloc(b, chunk);
+    char *host = !dev ? NULL : pinned ? b->ops->host_alloc(b, chunk) : st_alloc(chunk);
+    double gbs = 0;
+    if (host) {
+        memset(host, 1, chunk);
+        b->ops->from_host(b, dev, host, chunk); // warm-up: the first copy sets up the path
+        int n = (int)((total + chunk - 1) / chunk);
+        double t0 = st_time_s();
+        for (int i = 0; i < n; i++) b->ops->from_host(b, dev, host, chunk); // each waits for its copy
+        double dt = st_time_s() - t0;
+        if (!b->ops->sync(b) && dt > 0) gbs = (double)n * chunk / dt / 1e9;
+        if (pinned) b->ops->host_free(b, host);
+        else st_free(host);
+    }
+    b->ops->free(b, dev);
+    return gbs;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 st_status st_expert_arena_create(st_backend *b, const st_placement *p, const st_expert_weights *mapped,

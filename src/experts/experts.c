@@ -54,6 +54,11 @@ struct st_experts {
     int32_t *stage_map_dev;  // (n_expert)
     int32_t *stage_map;      // (n_expert) host
     uint32_t *counts_dev;    // (n_layer, n_expert) routing counted on the device
+    // Which of a layer's experts a step computes: the CPU pool's share (host_moe) and the share
+    // streamed to the device (stream_misses); the routed rows of each missed expert.
+    uint8_t *take_cpu, *take_gpu; // (n_expert)
+    int32_t *miss_rows;           // (n_expert)
+    float *y_dev;            // (ST_GRAPH_ROWS, d) backend memory: the CPU's share of a streamed window
     // Decode windows on a device: per layer a mapped page-locked slot the queued work publishes
     // the layer's routing and rows into and a host thread answers in (st_experts_serve), so
     // the window stays one recording the device replays.
@@ -63,7 +68,10 @@ struct st_experts {
     int32_t *need_dev;       // (n_layer) backend memory: whether a layer's window has misses
     uint32_t seq;
     int win_n, win_k, win_first, win_end; // the current window: rows, choices, layer range
+    bool win_sync;           // the current window streams a share of its misses (--pcie-frac)
     int job_n, job_k, job_first, job_end; // the serving thread's copy (taken under mu)
+    int job_layer;           // >= 0: the job is that layer's CPU share of a streamed window
+    double job_cpu_s;        // what that share took
     // The serving thread: it answers the window's layers while the thread that queued the
     // work goes on (that thread may wait for the device, e.g. when a scratch buffer grows, and
     // the device may be waiting for an answer).
@@ -89,9 +97,13 @@ st_status st_experts_create(const st_experts_params *p, st_experts **out) {
     st_experts *ex = st_calloc(1, sizeof *ex);
     if (!ex) return ST_ERR_NOMEM;
     ex->p = *p;
+    int E = p->placement->n_expert > 0 ? p->placement->n_expert : 1;
     ex->counts = st_calloc((size_t)p->placement->n_layer * p->placement->n_expert, sizeof(uint64_t));
-    if (!ex->counts) {
-        st_free(ex);
+    ex->take_cpu = st_calloc((size_t)E, 1);
+    ex->take_gpu = st_calloc((size_t)E, 1);
+    ex->miss_rows = st_calloc((size_t)E, sizeof(int32_t));
+    if (!ex->counts || !ex->take_cpu || !ex->take_gpu || !ex->miss_rows) {
+        st_experts_free(ex);
         return ST_ERR_NOMEM;
     }
     *out = ex;
@@ -105,6 +117,7 @@ static void free_device(st_experts *ex, st_backend *b) {
     b->ops->free(b, ex->counts_dev);
     b->ops->free(b, ex->seq_dev);
     b->ops->free(b, ex->need_dev);
+    b->ops->free(b, ex->y_dev);
     if (ex->pin) b->ops->host_free(b, ex->pin);
     if (ex->hand) b->ops->host_free(b, ex->hand);
 }
@@ -123,6 +136,9 @@ void st_experts_free(st_experts *ex) {
     free_device(ex, ex->b);
     st_free(ex->stage_map);
     st_free(ex->counts);
+    st_free(ex->take_cpu);
+    st_free(ex->take_gpu);
+    st_free(ex->miss_rows);
     st_free(ex->ws);
     st_free(ex);
 }
@@ -238,11 +254,11 @@ static void run_pass(st_pool *pool, moe_pass *p, int64_t rows) {
     st_pool_run(pool, moe_pass_worker, p);
 }
 
-// y (n, d) = the experts of w chosen by ids (n, k), weighted; with `only` set, just the
-// assignments whose expert is ST_PLACE_HOST there (the rest add nothing). Host memory; rows
+// y (n, d) = the experts of w chosen by ids (n, k), weighted; with `take` set (n_expert flags),
+// just the assignments whose expert is flagged (the rest add nothing). Host memory; rows
 // grouped by expert so each expert's weights are read once, the work spread over the pool.
 static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights *w, int layer, const float *x,
-                          const int32_t *ids, const float *weights, int n, int k, const st_placement *only, float *y) {
+                          const int32_t *ids, const float *weights, int n, int k, const uint8_t *take, float *y) {
     const st_mat3 *gate = &w->gate, *up = &w->up, *down = &w->down;
     int d = (int)gate->cols, F = (int)gate->rows, E = (int)gate->n;
     int na = n * k;
@@ -299,7 +315,7 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     memset(count, 0, sizeof(int32_t) * E);
     for (int i = 0; i < na; i++) {
         ST_ASSERT(ids[i] >= 0 && ids[i] < E);
-        if (!only || st_placement_get(only, layer, ids[i]) == ST_PLACE_HOST) count[ids[i]]++;
+        if (!take || take[ids[i]]) count[ids[i]]++;
     }
     int n_active = 0, pos = 0;
     for (int e = 0; e < E; e++) {
@@ -315,7 +331,7 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     memset(y, 0, sizeof(float) * (size_t)n * d);
     if (valid == 0) return ST_OK;
     for (int i = 0; i < na; i++)
-        if (!only || st_placement_get(only, layer, ids[i]) == ST_PLACE_HOST) order[count[ids[i]]++] = i;
+        if (!take || take[ids[i]]) order[count[ids[i]]++] = i;
 
     // Quantize each assignment's input row in grouped order.
     act_job qj = {.x = x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = valid};
@@ -375,12 +391,12 @@ static bool grow(st_backend *b, void **buf, size_t *have, size_t need) {
     return true;
 }
 
-// The experts of a layer the device's cache lacks, streamed to the device in runs of consecutive
-// ids (one copy per matrix per run) and computed there, adding into a->y.
-static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args *a, const int32_t *ids) {
-    const st_placement *pl = ex->p.placement;
+// The experts of a layer flagged in need (n_expert flags: ones the device's cache lacks),
+// streamed to the device in runs of consecutive ids (one copy per matrix per run) and computed
+// there, adding into a->y.
+static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args *a, const uint8_t *need) {
     const st_expert_weights *w = &ex->p.arena->w[a->layer];
-    int E = (int)w->gate.n, na = a->n * a->k, l = a->layer;
+    int E = (int)w->gate.n;
     size_t per = st_expert_bytes(w);
     int cap = (int)(ST_STAGE_BYTES / per);
     if (cap < 1) cap = 1;
@@ -390,17 +406,6 @@ static st_status stream_misses(st_experts *ex, st_backend *b, const st_moe_args 
         return st_fail_prefix(ST_ERR_NOMEM, "expert staging map");
     if (!grow(b, &ex->stage_mem, &ex->stage_bytes, (size_t)cap * per))
         return st_fail_prefix(ST_ERR_NOMEM, "expert staging (%d experts)", cap);
-    char *need = (char *)ex->ws; // (E) flags; the host workspace is not in use here
-    if (ex->ws_bytes < (size_t)E) {
-        st_free(ex->ws);
-        ex->ws_bytes = 0;
-        if (!(ex->ws = st_alloc((size_t)E))) return ST_ERR_NOMEM;
-        ex->ws_bytes = (size_t)E;
-        need = ex->ws;
-    }
-    memset(need, 0, (size_t)E);
-    for (int i = 0; i < na; i++)
-        if (ids[i] >= 0 && ids[i] < E && st_placement_get(pl, l, ids[i]) == ST_PLACE_HOST) need[ids[i]] = 1;
     double t0 = st_time_s();
     st_expert_weights st = st_expert_stack(w, cap, ex->stage_mem);
     for (int e0 = 0; e0 < E;) {
@@ -487,15 +492,11 @@ static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, c
 
 static void *server_main(void *arg);
 
-st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, int first_layer, int end_layer) {
+// The hand-off slots for the largest window (made once, never while recording), and the
+// serving thread.
+static st_status hand_init(st_experts *ex, st_backend *b, int k, int d) {
     const st_placement *pl = ex->p.placement;
-    ex->win_n = 0;
-    if (b->ops->host_memory || !ex->p.cache || n > HAND_ROWS) return ST_OK;
-    bool any = false;
-    for (int l = first_layer; l < end_layer; l++) any = any || layer_hybrid(pl, l);
-    if (!any) return ST_OK;
-    ex->b = b;
-    if (!ex->hand) { // slots for the largest window, made once (never while recording)
+    if (!ex->hand) {
         size_t ids = 64, w = ids + (sizeof(int32_t) * HAND_ROWS * k + 63) / 64 * 64;
         size_t x = w + (sizeof(float) * HAND_ROWS * k + 63) / 64 * 64, y = x + sizeof(float) * HAND_ROWS * (size_t)d;
         size_t bytes = y + sizeof(float) * HAND_ROWS * (size_t)d;
@@ -507,8 +508,6 @@ st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, i
         memset(ex->hand, 0, bytes * pl->n_layer);
         ex->hand_bytes = bytes, ex->hand_ids = ids, ex->hand_w = w, ex->hand_x = x, ex->hand_y = y;
     }
-    ex->seq++;
-    b->ops->from_host(b, ex->seq_dev, &ex->seq, sizeof(uint32_t));
     if (!ex->server_up) {
         pthread_mutex_init(&ex->mu, NULL);
         pthread_cond_init(&ex->cv, NULL);
@@ -519,13 +518,53 @@ st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, i
         }
         ex->server_up = true;
     }
-    ex->win_n = n, ex->win_k = k, ex->win_first = first_layer, ex->win_end = end_layer;
+    return ST_OK;
+}
+
+// Hands the serving thread a job: a window (layer < 0) or one layer's CPU share.
+static void post_job(st_experts *ex, int n, int k, int first_layer, int end_layer, int layer) {
     pthread_mutex_lock(&ex->mu);
     __atomic_store_n(&ex->abort_job, 0, __ATOMIC_RELAXED);
-    ex->job_n = n, ex->job_k = k, ex->job_first = first_layer, ex->job_end = end_layer;
+    ex->job_n = n, ex->job_k = k, ex->job_first = first_layer, ex->job_end = end_layer, ex->job_layer = layer;
     ex->job = true;
     pthread_cond_broadcast(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
+}
+
+// Waits for the job posted last; its status.
+static st_status wait_job(st_experts *ex) {
+    pthread_mutex_lock(&ex->mu);
+    while (ex->job) pthread_cond_wait(&ex->cv, &ex->mu);
+    st_status s = ex->job_status;
+    ex->job_status = ST_OK;
+    pthread_mutex_unlock(&ex->mu);
+    return s ? st_fail(s, "%s", ex->job_error) : ST_OK;
+}
+
+st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, int first_layer, int end_layer) {
+    const st_placement *pl = ex->p.placement;
+    ex->win_n = 0;
+    ex->win_sync = false;
+    b->eager = false;
+    if (b->ops->host_memory || !ex->p.cache || n > HAND_ROWS) return ST_OK;
+    bool any = false;
+    for (int l = first_layer; l < end_layer; l++) any = any || layer_hybrid(pl, l);
+    if (!any) return ST_OK;
+    ex->b = b;
+    ST_TRY(hand_init(ex, b, k, d));
+    if (ex->p.cache->pcie_frac > 0) {
+        // A share of the misses streams to the device: each hybrid layer reads its routing back,
+        // so the window runs as it comes (never recorded).
+        if (!ex->y_dev && !(ex->y_dev = b->ops->alloc(b, sizeof(float) * HAND_ROWS * (size_t)d)))
+            return st_fail_prefix(ST_ERR_NOMEM, "expert window buffers");
+        ex->win_sync = true;
+        b->eager = true;
+        return ST_OK;
+    }
+    ex->seq++;
+    b->ops->from_host(b, ex->seq_dev, &ex->seq, sizeof(uint32_t));
+    ex->win_n = n, ex->win_k = k, ex->win_first = first_layer, ex->win_end = end_layer;
+    post_job(ex, n, k, first_layer, end_layer, -1);
     return ST_OK;
 }
 
@@ -573,11 +612,25 @@ static st_status serve_window(st_experts *ex) {
         ex->stats.hits += (uint64_t)(na - miss);
         ex->stats.misses += (uint64_t)miss;
         const st_expert_weights *ew = &ex->p.arena->w[l];
-        if (miss) s = host_moe(ex, ex->b->pool, ew, l, x, ids, w, n, k, pl, y);
+        for (int e = 0; e < E; e++) ex->take_cpu[e] = st_placement_get(pl, l, e) == ST_PLACE_HOST;
+        if (miss) s = host_moe(ex, ex->b->pool, ew, l, x, ids, w, n, k, ex->take_cpu, y);
         else memset(y, 0, sizeof(float) * (size_t)n * ew->gate.cols);
         ex->stats.cpu_s += st_time_s() - t1;
         answer(ex, l);
     }
+    return s;
+}
+
+// The serving thread's work for one layer's CPU share of a streamed window (hybrid_sync): the
+// experts flagged in take_cpu, from the rows read back into the layer's hand-off slot.
+static st_status serve_share(st_experts *ex) {
+    int l = ex->job_layer;
+    char *h = ex->hand + (size_t)l * ex->hand_bytes;
+    double t0 = st_time_s();
+    st_status s = host_moe(ex, ex->b->pool, &ex->p.arena->w[l], l, (const float *)(h + ex->hand_x),
+                           (const int32_t *)(h + ex->hand_ids), (const float *)(h + ex->hand_w), ex->job_n,
+                           ex->job_k, ex->take_cpu, (float *)(h + ex->hand_y));
+    ex->job_cpu_s = st_time_s() - t0;
     return s;
 }
 
@@ -588,7 +641,7 @@ static void *server_main(void *arg) {
         while (!ex->job && !ex->quit) pthread_cond_wait(&ex->cv, &ex->mu);
         if (ex->quit) break;
         pthread_mutex_unlock(&ex->mu);
-        st_status s = serve_window(ex);
+        st_status s = ex->job_layer >= 0 ? serve_share(ex) : serve_window(ex);
         pthread_mutex_lock(&ex->mu);
         ex->job_status = s;
         if (s) snprintf(ex->job_error, sizeof ex->job_error, "%s", st_error());
@@ -600,15 +653,68 @@ static void *server_main(void *arg) {
 }
 
 st_status st_experts_serve(st_experts *ex, bool failed) {
+    if (ex->win_sync) { // every layer was answered as it ran
+        ex->win_sync = false;
+        ex->b->eager = false;
+    }
     if (!ex->win_n) return ST_OK;
     ex->win_n = 0;
     if (failed) __atomic_store_n(&ex->abort_job, 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&ex->mu);
-    while (ex->job) pthread_cond_wait(&ex->cv, &ex->mu);
-    st_status s = ex->job_status;
-    ex->job_status = ST_OK;
-    pthread_mutex_unlock(&ex->mu);
-    return s ? st_fail(s, "%s", ex->job_error) : ST_OK;
+    return wait_job(ex);
+}
+
+// A decode window's layer with --pcie-frac: the routing and rows read back into the layer's
+// hand-off slot while the device computes the shared and the cached experts; of the missed
+// experts, the share with the most rows is streamed to the device and computed there while the
+// serving thread computes the rest on the CPU pool; then the CPU's rows are added.
+static st_status hybrid_sync(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
+    const st_placement *pl = ex->p.placement;
+    int l = a->layer, n = a->n, k = a->k, na = n * k, E = pl->n_expert, d = (int)a->gate->cols;
+    ST_ASSERT(n <= HAND_ROWS);
+    char *h = ex->hand + (size_t)l * ex->hand_bytes;
+    int32_t *h_ids = (int32_t *)(h + ex->hand_ids);
+    double t0 = st_time_s();
+    b->ops->to_host_async(b, h_ids, a->ids, sizeof(int32_t) * (size_t)na);
+    b->ops->to_host_async(b, h + ex->hand_w, a->weights, sizeof(float) * (size_t)na);
+    b->ops->to_host_async(b, h + ex->hand_x, a->x, sizeof(float) * (size_t)n * d);
+    // Queued behind those copies: the shared expert and the cached experts.
+    if (sh) shared_expert(b, sh, a->x, n, d);
+    cached_moe(ex, b, a, NULL);
+    b->ops->wait_copies(b);
+    ex->stats.wait_s += st_time_s() - t0;
+    count_routing(ex, l, h_ids, na, E);
+    memset(ex->miss_rows, 0, sizeof(int32_t) * (size_t)E);
+    int miss = 0;
+    for (int i = 0; i < na; i++)
+        if (h_ids[i] >= 0 && h_ids[i] < E && st_placement_get(pl, l, h_ids[i]) == ST_PLACE_HOST) {
+            ex->miss_rows[h_ids[i]]++;
+            miss++;
+        }
+    ex->stats.hits += (uint64_t)(na - miss);
+    ex->stats.misses += (uint64_t)miss;
+    ex->stats.layers++;
+    st_status s = ST_OK;
+    if (miss) {
+        int n_gpu = st_pcie_split(ex->miss_rows, E, ex->p.cache->pcie_frac, ex->take_gpu);
+        bool cpu = false;
+        for (int e = 0; e < E; e++) {
+            ex->take_cpu[e] = ex->miss_rows[e] > 0 && !ex->take_gpu[e];
+            cpu = cpu || ex->take_cpu[e];
+        }
+        if (cpu) post_job(ex, n, k, l, l + 1, l);
+        if (n_gpu) s = stream_misses(ex, b, a, ex->take_gpu);
+        if (cpu) {
+            st_status cs = wait_job(ex); // always: the serving thread is using the slot
+            ex->stats.cpu_s += ex->job_cpu_s;
+            if (!s) s = cs;
+            if (!s) {
+                b->ops->from_host(b, ex->y_dev, h + ex->hand_y, sizeof(float) * (size_t)n * d);
+                b->ops->add(b, a->y, ex->y_dev, (int64_t)n * d);
+            }
+        }
+    }
+    if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
+    return s;
 }
 
 // A prompt chunk's layer some of whose experts the device lacks: the shared and the cached
@@ -637,7 +743,12 @@ static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *
     ex->stats.hits += (uint64_t)(na - miss);
     ex->stats.misses += (uint64_t)miss;
     ex->stats.layers++;
-    if (miss) ST_TRY(stream_misses(ex, b, a, h_ids));
+    if (miss) {
+        memset(ex->take_gpu, 0, (size_t)E);
+        for (int i = 0; i < na; i++)
+            if (h_ids[i] >= 0 && h_ids[i] < E && st_placement_get(pl, l, h_ids[i]) == ST_PLACE_HOST) ex->take_gpu[h_ids[i]] = 1;
+        ST_TRY(stream_misses(ex, b, a, ex->take_gpu));
+    }
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
     return ST_OK;
 }
@@ -654,6 +765,7 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
             return st_fail(ST_ERR_UNSUPPORTED, "layer %d: no expert cache on the %s backend", l, b->ops->name);
         if (layer_hybrid(pl, l)) { // these compute the shared expert in between
             if (n > HAND_ROWS) return hybrid_chunk(ex, b, a, sh);
+            if (ex->win_sync) return hybrid_sync(ex, b, a, sh);
             if (!ex->win_n) return st_fail(ST_ERR_ARG, "layer %d: a window without st_experts_begin", l);
             hybrid_window(ex, b, a, sh);
             return ST_OK;
@@ -700,4 +812,41 @@ void st_experts_window_done(st_experts *ex, st_backend *b) {
     int ns = st_adapt_window(ad, ex->p.placement, st_experts_counts(ex), sw);
     for (int i = 0; i < ns; i++) st_expert_cache_swap(b, ex->p.cache, ex->p.placement, ex->p.arena->w, &sw[i]);
     ex->stats.swaps += (uint64_t)ns;
+}
+
+double st_experts_cpu_gbs(st_pool *pool, const st_placement *p, const st_expert_weights *w, int layer, int k) {
+    int E = (int)w->gate.n, d = (int)w->gate.cols;
+    if (E <= 0 || d <= 0 || k <= 0) return 0;
+    if (k > E) k = E;
+    st_experts *ex = NULL;
+    st_experts_params ep = {.placement = (st_placement *)p};
+    if (st_experts_create(&ep, &ex)) return 0;
+    float *x = st_alloc(sizeof(float) * (size_t)d * 2), *y = x ? x + d : NULL, *wt = st_alloc(sizeof(float) * (size_t)k);
+    int32_t *ids = st_alloc(sizeof(int32_t) * (size_t)k);
+    double best = 0;
+    if (x && wt && ids) {
+        int n = 0; // the experts the cache lacks first (the ones the pool will compute), then any
+        for (int e = 0; e < E && n < k; e++)
+            if (st_placement_get(p, layer, e) == ST_PLACE_HOST) ids[n++] = e;
+        for (int e = 0; e < E && n < k; e++)
+            if (st_placement_get(p, layer, e) != ST_PLACE_HOST) ids[n++] = e;
+        for (int i = 0; i < d; i++) x[i] = sinf(0.37f * (float)i);
+        for (int j = 0; j < k; j++) wt[j] = 1.0f / (float)k;
+        // The first run reads the weights in (from the disk, for a cold mapping); the best of the
+        // next ones counts.
+        for (int r = 0; r < 4; r++) {
+            double t0 = st_time_s();
+            if (host_moe(ex, pool, w, layer, x, ids, wt, 1, k, NULL, y)) {
+                best = 0;
+                break;
+            }
+            double dt = st_time_s() - t0;
+            if (r > 0 && (best == 0 || dt < best)) best = dt;
+        }
+    }
+    st_free(x);
+    st_free(wt);
+    st_free(ids);
+    st_experts_free(ex);
+    return best > 0 ? (double)k * st_expert_bytes(w) / best / 1e9 : 0;
 }

@@ -46,6 +46,40 @@ st_status st_profile_save(const char *path, int n_rows, int n_expert, const uint
 // ST_PLACE_HOST) and p->n_slots; returns the number of experts placed.
 int64_t st_placement_plan(st_placement *p, const uint64_t *counts, const size_t *expert_bytes, size_t budget);
 
+// What --vram-budget-gib G leaves Strata, G read as the size of the whole card (a card of G GiB
+// emulated): G less what is already taken when placement starts (the CUDA context, other
+// programs, the reserve), i.e. budget - (total - avail), and never more than avail. avail: bytes
+// the device can still give now, after the reserve (mem_free); total: the device's memory (0 =
+// unknown: then min(budget, avail)). budget 0: no budget, avail.
+size_t st_vram_allowance(size_t budget, size_t total, size_t avail);
+
+// ---------------------------------------------------------------------------------------------
+// --pcie-frac: a share of a decode window's missed experts copied to the device and computed
+// there, the rest on the CPU pool at the same time.
+
+// Splits one layer's missed experts: rows[e] is the routed rows of expert e the device's cache
+// lacks (0: not missed). round(frac * missed) of them, those with the most rows first (ties:
+// the lower id), get gpu[e] = 1; every other expert gets 0. Returns how many went to the GPU.
+// frac is clamped to [0, 1].
+int st_pcie_split(const int32_t *rows, int n_expert, double frac, uint8_t *gpu);
+
+// The start-up probe's figures and what they predict for a decode token's hybrid layer.
+typedef struct st_pcie_probe {
+    double link_gbs;   // host -> device copies of experts, GB/s (from where the arena keeps them)
+    double cpu_gbs;    // expert bytes the CPU pool computes per second for one row, GB/s
+    double miss_bytes; // expert bytes a decode token misses in a hybrid layer, on average
+    double sync_s;     // the streaming path's fixed cost per layer (read-back, eager launches)
+    // Results of st_pcie_pick:
+    double cpu_s;      // the layer's misses all on the CPU (--pcie-frac 0)
+    double split_s;    // split at frac: the longer of the two sides, plus sync_s
+    double frac;       // the pick
+} st_pcie_probe;
+// The share that balances the link and the CPU (link / (link + cpu), in steps of 0.05), when the
+// split beats the CPU alone by a clear margin (ST_PCIE_MARGIN) after the fixed cost; else 0.
+#define ST_PCIE_MARGIN 0.8
+#define ST_PCIE_SYNC_S 30e-6
+double st_pcie_pick(st_pcie_probe *p);
+
 // ---------------------------------------------------------------------------------------------
 // Adaptive swaps: decayed routing counts, and every few windows the experts routed often but not
 // cached replace cached ones routed less, in the same layer (the slot is reused).
@@ -97,7 +131,15 @@ typedef struct st_expert_cache {
     st_expert_weights *slots;     // (n_layer) stacks, n = the layer's slot count (data NULL: none)
     int32_t *map_dev;             // (n_layer, n_expert) backend memory: the placement's slots
     size_t bytes;                 // backend memory held by the stacks
+    // Share of a decode window's missed experts streamed to the device and computed there
+    // (--pcie-frac); 0: all on the CPU pool, inside the window's recorded graph.
+    double pcie_frac;
 } st_expert_cache;
+
+// Host -> device copy speed in GB/s: `total` bytes in copies of a 16 MiB buffer, from
+// page-locked memory (pinned) or from ordinary memory (as from the file's mapping); 0 when the
+// backend has no device or the buffers cannot be had.
+double st_expert_link_gbs(st_backend *b, bool pinned, size_t total);
 
 // Allocates the stacks placement p asks for and copies the chosen experts of w (n_layer host
 // stacks) into them.
@@ -178,6 +220,10 @@ st_status st_experts_begin(st_experts *ex, st_backend *b, int n, int k, int d, i
 st_status st_experts_serve(st_experts *ex, bool failed);
 // Device memory the streaming of experts for prompt chunks takes (planned with the KV cache).
 size_t st_experts_stage_bytes(void);
+// The CPU pool's speed on the experts of layer `layer` of w (the host stacks): one row through k
+// of them (those placement p leaves on the host first), timed after a warm-up; expert bytes per
+// second in GB/s, 0 on failure. The start-up probe of --pcie-frac.
+double st_experts_cpu_gbs(st_pool *pool, const st_placement *p, const st_expert_weights *w, int layer, int k);
 // Called after each forward window: feeds the adaptive swaps (when on) with this window's routing.
 void st_experts_window_done(st_experts *ex, st_backend *b);
 

@@ -80,6 +80,53 @@ int64_t st_placement_plan(st_placement *p, const uint64_t *counts, const size_t 
     return n_chosen;
 }
 
+size_t st_vram_allowance(size_t budget, size_t total, size_t avail) {
+    if (!budget) return avail;
+    if (!total) return budget < avail ? budget : avail;
+    size_t taken = total > avail ? total - avail : 0; // in use already, and the reserve
+    size_t left = budget > taken ? budget - taken : 0;
+    return left < avail ? left : avail;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --pcie-frac
+
+int st_pcie_split(const int32_t *rows, int n_expert, double frac, uint8_t *gpu) {
+    if (!(frac > 0)) frac = 0; // also NaN
+    if (frac > 1) frac = 1;
+    int missed = 0;
+    for (int e = 0; e < n_expert; e++) {
+        gpu[e] = 0;
+        missed += rows[e] > 0;
+    }
+    int want = (int)(frac * missed + 0.5);
+    // A selection over the few missed experts of a layer (at most a window's rows times k): the
+    // one with the most rows not taken yet, lower id on ties, want times.
+    for (int t = 0; t < want; t++) {
+        int best = -1;
+        for (int e = 0; e < n_expert; e++)
+            if (rows[e] > 0 && !gpu[e] && (best < 0 || rows[e] > rows[best])) best = e;
+        gpu[best] = 1;
+    }
+    return want;
+}
+
+double st_pcie_pick(st_pcie_probe *p) {
+    p->cpu_s = p->split_s = 0;
+    p->frac = 0;
+    if (!(p->link_gbs > 0 && p->cpu_gbs > 0 && p->miss_bytes > 0)) return 0;
+    double link = p->link_gbs * 1e9, cpu = p->cpu_gbs * 1e9;
+    p->cpu_s = p->miss_bytes / cpu;
+    // Balanced, both sides finish together: frac / link = (1 - frac) / cpu.
+    double f = (double)(int)(link / (link + cpu) / 0.05 + 0.5) * 0.05;
+    if (f <= 0) return 0;
+    if (f > 1) f = 1;
+    double t_link = f * p->miss_bytes / link, t_cpu = (1 - f) * p->miss_bytes / cpu;
+    p->split_s = (t_link > t_cpu ? t_link : t_cpu) + p->sync_s;
+    if (p->split_s < ST_PCIE_MARGIN * p->cpu_s) p->frac = f;
+    return p->frac;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Adaptive swaps
 

@@ -89,6 +89,7 @@ typedef struct st_place_params {
     size_t resident_bytes;    // page-locked copies of the experts the device lacks; 0 = the mapping
     int adapt_every, adapt_swaps; // adaptive swaps (every 0: off)
     double adapt_decay;
+    double pcie_frac;         // share of decode misses streamed to the device; < 0: a probe picks
 } st_place_params;
 st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp);
 const char *st_arch_name(st_arch a);

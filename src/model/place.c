@@ -92,7 +92,7 @@ static void progress_show(progress *p, size_t done, const char *what, bool final
     }
 }
 
-static st_status place_experts(st_model *m, st_backend *b, const st_place_params *pp, size_t dense);
+static st_status place_experts(st_model *m, st_backend *b, const st_place_params *pp, size_t avail0, size_t allow);
 
 st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp) {
     static const st_place_params defaults = {.expert_slots = -1, .adapt_decay = 1.0};
@@ -120,8 +120,15 @@ st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp) 
         for (int j = 0; j < i && !seen; j++) seen = t ? tens[j] == t : *r->ptr[j] == *r->ptr[i];
         if (!seen) total += t ? t->bytes : vec_bytes(m, layer_of_vec(m, *r->ptr[i]), *r->ptr[i]);
     }
-    size_t avail = b->ops->mem_free(b);
-    if (pp->vram_budget && pp->vram_budget < avail) avail = pp->vram_budget;
+    // What Strata may allocate: the free memory less the reserve; with --vram-budget-gib, the
+    // budget read as the card's size, less what is taken before anything of ours is on it.
+    size_t avail0 = b->ops->mem_free(b), total_b = b->ops->mem_total ? b->ops->mem_total(b) : 0;
+    size_t avail = st_vram_allowance(pp->vram_budget, total_b, avail0);
+    if (pp->vram_budget)
+        st_log_info("VRAM budget %.2f GiB (a card of that size): %.2f GiB of it already in use or reserved (the CUDA "
+                    "context, other programs, --vram-reserve-mib), %.2f GiB left for Strata",
+                    pp->vram_budget / 1073741824.0,
+                    total_b ? (total_b > avail0 ? total_b - avail0 : 0) / 1073741824.0 : 0.0, avail / 1073741824.0);
     if (!s && total + pp->keep_bytes > avail)
         s = st_fail(ST_ERR_NOMEM, "the model's dense weights need %.2f GiB of GPU memory and the KV cache and "
                     "buffers %.2f GiB, but %.2f GiB is available (free after the reserve, --vram-reserve-mib, or "
@@ -164,7 +171,7 @@ st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp) 
         double dt = st_time_s() - t0;
         st_log_info("dense weights on the GPU: %.2f GiB in %d tensors, %.1f s (%.1f GB/s)", done / 1073741824.0,
                     n_up, dt, dt > 0 ? done / 1e9 / dt : 0.0);
-        s = place_experts(m, b, pp, total);
+        s = place_experts(m, b, pp, avail0, avail);
     }
     if (!s) {
         m->placed = b;
@@ -190,9 +197,58 @@ st_status st_model_place(st_model *m, st_backend *b, const st_place_params *pp) 
     return s;
 }
 
+// --pcie-frac when not given: the link's and the CPU pool's speeds measured, and the share of a
+// decode token's misses that balances them when that clearly beats the CPU alone (st_pcie_pick).
+static double probe_pcie_frac(st_model *m, st_backend *b, const size_t *eb, const uint64_t *prof) {
+    const st_placement *p = m->placement;
+    const st_expert_arena *a = m->arena;
+    int L = p->n_layer, E = p->n_expert, k = m->hp.n_expert_used;
+    // The misses a decode token makes per hybrid layer (k choices less the cache's share of the
+    // routing, by the profile when there is one), and how many of their bytes are page-locked.
+    double miss_b = 0, pinned_b = 0;
+    int hybrid = 0, probe_layer = -1;
+    for (int l = 0; l < L; l++) {
+        if (!eb[l] || p->n_slots[l] >= E) continue;
+        double hot = 0, tot = 0;
+        for (int e = 0; e < E; e++) {
+            double c = prof ? (double)prof[(size_t)l * E + e] : 1.0;
+            tot += c;
+            if (st_placement_get(p, l, e) != ST_PLACE_HOST) hot += c;
+        }
+        double mb = k * (tot > 0 ? 1 - hot / tot : 1) * (double)eb[l];
+        miss_b += mb;
+        if (a->resident[l]) pinned_b += mb;
+        if (probe_layer < 0 || eb[l] > eb[probe_layer]) probe_layer = l;
+        hybrid++;
+    }
+    if (!hybrid) return 0;
+    st_pcie_probe pr = {.miss_bytes = miss_b / hybrid, .sync_s = ST_PCIE_SYNC_S};
+    size_t bytes = (size_t)256 << 20;
+    double pinned = pinned_b > 0 ? st_expert_link_gbs(b, true, bytes) : 0;
+    double paged = pinned_b < miss_b ? st_expert_link_gbs(b, false, bytes) : 0;
+    // The time per byte of each source, weighted by the share of the misses it serves.
+    double sp = miss_b > 0 ? pinned_b / miss_b : 0;
+    if ((sp > 0 && pinned <= 0) || (sp < 1 && paged <= 0)) pr.link_gbs = 0;
+    else pr.link_gbs = 1.0 / ((sp > 0 ? sp / pinned : 0) + (sp < 1 ? (1 - sp) / paged : 0));
+    pr.cpu_gbs = st_experts_cpu_gbs(b->pool, p, &a->w[probe_layer], probe_layer, k);
+    double f = st_pcie_pick(&pr);
+    char link[96] = "";
+    if (pinned > 0) snprintf(link, sizeof link, "%.1f GB/s from page-locked memory", pinned);
+    if (paged > 0)
+        snprintf(link + strlen(link), sizeof link - strlen(link), "%s%.1f GB/s from ordinary memory",
+                 pinned > 0 ? ", " : "", paged);
+    st_log_info("experts: link probe: %s; the CPU pool computes experts at %.1f GB/s; a decode token misses "
+                "%.2f MiB a hybrid layer: %.0f us on the CPU alone, %.0f us split (%.0f us of it the streaming "
+                "path's fixed cost) -> --pcie-frac %.2f%s",
+                link[0] ? link : "failed", pr.cpu_gbs, pr.miss_bytes / 1048576.0, pr.cpu_s * 1e6, pr.split_s * 1e6,
+                pr.sync_s * 1e6, f, f > 0 ? "" : " (every miss on the CPU pool)");
+    return f;
+}
+
 // The routed experts: the cache plan (hottest first, as many as the memory left and
 // pp->expert_slots allow), the cache filled, the host arena for the rest, adaptive swaps.
-static st_status place_experts(st_model *m, st_backend *b, const st_place_params *pp, size_t dense) {
+// avail0: what the device could give before the dense weights; allow: what Strata may use in all.
+static st_status place_experts(st_model *m, st_backend *b, const st_place_params *pp, size_t avail0, size_t allow) {
     st_placement *p = m->placement;
     int L = p->n_layer, E = p->n_expert;
     st_expert_weights *w = st_calloc((size_t)L, sizeof *w);
@@ -208,12 +264,16 @@ static st_status place_experts(st_model *m, st_backend *b, const st_place_params
         eb[l] = st_expert_bytes(&w[l]);
         all += eb[l] * (size_t)E;
     }
-    // What the cache may take: the free memory less what the states will need, within the budget.
+    // What the cache may take: the free memory less what the states will need, within what
+    // Strata may use less what the dense weights took (measured: allocations round up).
     size_t free_b = b->ops->mem_free(b), budget = free_b > pp->keep_bytes ? free_b - pp->keep_bytes : 0;
-    if (pp->vram_budget) {
-        size_t left = pp->vram_budget > dense + pp->keep_bytes ? pp->vram_budget - dense - pp->keep_bytes : 0;
-        if (left < budget) budget = left;
-    }
+    size_t used = avail0 > free_b ? avail0 - free_b : 0;
+    size_t left = allow > used + pp->keep_bytes ? allow - used - pp->keep_bytes : 0;
+    if (left < budget) budget = left;
+    if (pp->vram_budget)
+        st_log_info("VRAM budget: %.2f GiB for the expert cache (of %.2f GiB for Strata: %.2f taken by the dense "
+                    "weights, %.2f kept for the KV cache and buffers)", budget / 1073741824.0, allow / 1073741824.0,
+                    used / 1073741824.0, pp->keep_bytes / 1073741824.0);
     if (pp->expert_slots >= 0 && pp->expert_slots < (int64_t)L * E) { // the hottest N, if they fit
         size_t max_e = 0;
         for (int l = 0; l < L; l++) max_e = eb[l] > max_e ? eb[l] : max_e;
@@ -269,6 +329,13 @@ static st_status place_experts(st_model *m, st_backend *b, const st_place_params
                         m->adapt ? "; adaptive swaps on" : "");
         if (m->arena->resident_bytes)
             st_log_info("experts: %.2f GiB of them resident in page-locked memory", m->arena->resident_bytes / 1073741824.0);
+        if (placed < (int64_t)L * E) {
+            m->cache->pcie_frac = pp->pcie_frac < 0 ? probe_pcie_frac(m, b, eb, pp->profile)
+                                                    : pp->pcie_frac > 1 ? 1 : pp->pcie_frac;
+            if (pp->pcie_frac > 0)
+                st_log_info("experts: --pcie-frac %.2f: that share of a decode window's misses is copied to the GPU "
+                            "and computed there (windows are not recorded as CUDA graphs)", m->cache->pcie_frac);
+        }
     }
     st_free(w);
     st_free(eb);

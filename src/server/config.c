@@ -69,6 +69,8 @@ static const key keys[] = {
      "N  CPU threads computing experts beside the GPU (default 0: cores - 1)"},
     {"adapt_every", "--adapt-every", NULL, K_INT, OFF(adapt_every), -1, 1 << 30, false,
      "N  windows between expert cache swaps (default 0: 32; -1 = off)"},
+    {"pcie_frac", "--pcie-frac", NULL, K_FLOAT, OFF(pcie_frac), 0, 1, false,
+     "F  share (0..1) of decode misses copied to the GPU (default: a start-up probe picks)"},
     {"layer_split", "--layer-split", NULL, K_SPLIT, OFF(layer_split), 0, 0, false,
      "L,...  where each later GPU's layers start (several GPUs; not built yet)"},
     {"cors_origins", "--cors-origin", NULL, K_ORIGINS, OFF(cors_origins), 0, 0, false,
@@ -97,7 +99,7 @@ void st_server_config_init(st_server_config *c) {
     *c = (st_server_config){
         .host = strdup("127.0.0.1"), .port = 8080, .parallel = 1, .queue = 64, .batch = 512,
         .kv = strdup("f16"), .prompt_cache = 4, .max_body_mib = 8, .timeout = 60, .drain_timeout = 30,
-        .thinking = -1, .gpu = strdup("auto"), .cors_origins = json_array(),
+        .thinking = -1, .gpu = strdup("auto"), .cors_origins = json_array(), .pcie_frac = -1,
         .sampling = strata_sampling_default(),
     };
 }

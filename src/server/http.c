@@ -370,12 +370,12 @@ static json_t *status_json(st_server *s) {
     strata_expert_stats es = strata_model_expert_stats(s->m);
     json_t *ec = json_null();
     if (es.cached < es.total && s->info.gpu >= 0)
-        ec = json_pack("{s:I,s:I,s:f,s:I,s:I,s:f,s:f,s:I,s:I}", "cached", (json_int_t)es.cached, "total",
+        ec = json_pack("{s:I,s:I,s:f,s:I,s:I,s:f,s:f,s:I,s:I,s:f}", "cached", (json_int_t)es.cached, "total",
                        (json_int_t)es.total, "hit_rate",
                        es.hits + es.misses ? (double)es.hits / (double)(es.hits + es.misses) : 0.0, "hits",
                        (json_int_t)es.hits, "misses", (json_int_t)es.misses, "cpu_seconds", es.cpu_s,
                        "stream_seconds", es.stream_s, "streamed_bytes", (json_int_t)es.streamed_bytes, "swaps",
-                       (json_int_t)es.swaps);
+                       (json_int_t)es.swaps, "pcie_frac", es.pcie_frac);
     return json_pack("{s:s,s:s,s:i,s:i,s:f,s:o,s:{s:i,s:i},s:{s:I,s:i,s:I},s:{s:I,s:I},s:{s:f,s:f},s:{s:I,s:I},"
                      "s:o,s:{s:f,s:I,s:I,s:I,s:o}}",
                      "model", s->model_id, "backend", s->info.backend ? s->info.backend : "cpu", "ctx", ss.ctx, "parallel", ss.parallel, "uptime_s",

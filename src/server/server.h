@@ -42,6 +42,7 @@ typedef struct st_server_config {
     float resident_gib;       // 0: the mapping; < 0: page-locked copies of all experts the GPU lacks
     int pool_workers;         // 0: cores - 1
     int adapt_every;          // 0: the default (32); -1: off
+    float pcie_frac;          // share of decode misses streamed to the GPU, 0 .. 1; < 0: unset (a probe picks)
     json_t *layer_split;      // NULL, a string or an array of layer numbers (several GPUs)
     json_t *cors_origins;     // array of origins allowed to call the API from a browser
     strata_sampling sampling; // defaults for requests that leave a field out

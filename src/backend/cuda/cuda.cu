@@ -77,6 +77,13 @@ static size_t cuda_mem_free(st_backend *b) {
     return free_b > c->reserve ? free_b - c->reserve : 1;
 }
 
+static size_t cuda_mem_total(st_backend *b) {
+    (void)b;
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+    return total;
+}
+
 static void *cuda_upload(st_backend *b, const void *host, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
     void *p = cuda_alloc(b, bytes);
@@ -242,7 +249,7 @@ static bool env_is(const char *name, const char *value) {
 
 static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
     st_cuda *c = st_cuda_of(b);
-    if (env_is("STRATA_CUDA_GRAPHS", "0") || env_is("STRATA_CUDA_PROFILE", "1")) return fn(ctx);
+    if (b->eager || env_is("STRATA_CUDA_GRAPHS", "0") || env_is("STRATA_CUDA_PROFILE", "1")) return fn(ctx);
     cuda_graph *g = (cuda_graph *)*slot;
     if (!g) {
         g = (cuda_graph *)st_calloc(1, sizeof *g);
@@ -322,6 +329,7 @@ static const st_backend_ops cuda_ops = {
     .graph_free = cuda_graph_free,
     .zero = cuda_zero,
     .mem_free = cuda_mem_free,
+    .mem_total = cuda_mem_total,
     .matmul = st_cuda_matmul,
     .get_rows = st_cuda_get_rows,
     .rmsnorm = st_cuda_rmsnorm,
