@@ -3,7 +3,8 @@
 // expert runs, merged gate_up sources (views into one tensor per expert, read to its exact end
 // under ASan), the cache filled from a plan (per-layer types, slot counts, layers without slots),
 // swaps, running out of backend memory, and the host arena (the mapping on a backend that cannot
-// lock memory; resident copies through a backend that can).
+// lock memory; resident copies through a backend that can); the --pcie-frac probe's CPU and link
+// measurements.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -597,6 +598,56 @@ static void test_arena_resident(void **state) {
     fixture_free(&f);
 }
 
+// The --pcie-frac probe's measurements: the CPU pool's expert speed on real (finite) weights,
+// and the link speed through a backend's copies (0 without a device; no buffer left behind).
+static void quantize_stack(const st_mat3 *m) {
+    float *row = malloc(sizeof(float) * (size_t)m->cols);
+    assert_non_null(row);
+    for (int64_t r = 0; r < m->n * m->rows; r++) {
+        for (int64_t c = 0; c < m->cols; c++) row[c] = 0.01f * (float)((r * 31 + c * 7) % 17 - 8);
+        st_quantize(m->type, row, (char *)m->data + r * m->row_bytes, m->cols);
+    }
+    free(row);
+}
+
+static void test_probe(void **state) {
+    (void)state;
+    st_backend *b;
+    assert_int_equal(st_backend_cpu_create(2, &b), ST_OK);
+    host_layer h;
+    layer_init(&h, ST_TYPE_Q8_0, 64, 96, false);
+    quantize_stack(&h.w.gate);
+    quantize_stack(&h.w.up);
+    quantize_stack(&h.w.down);
+    st_placement *p;
+    assert_int_equal(st_placement_create_host(1, E, &p), ST_OK);
+    size_t eb = st_expert_bytes(&h.w);
+    assert_int_equal(st_placement_plan(p, NULL, &eb, 3 * eb), 3);
+    assert_true(st_experts_cpu_gbs(b->pool, p, &h.w, 0, 4) > 0);
+    assert_true(st_experts_cpu_gbs(b->pool, p, &h.w, 0, 2 * E) > 0); // k beyond the experts: all of them
+    assert_true(st_experts_cpu_gbs(b->pool, p, &h.w, 0, 0) == 0);
+    // The CPU backend has no device to copy to.
+    assert_true(st_expert_link_gbs(b, true, (size_t)64 << 20) == 0);
+    // A backend that can lock memory (the CPU's copies standing in for the link).
+    st_backend_ops ops = *b->ops;
+    ops.host_memory = false;
+    ops.host_alloc = fake_host_alloc;
+    ops.host_free = fake_host_free;
+    st_backend fake = *b;
+    fake.ops = &ops;
+    refuse = false;
+    host_allocs = 0;
+    assert_true(st_expert_link_gbs(&fake, true, (size_t)64 << 20) > 0);
+    assert_true(st_expert_link_gbs(&fake, false, (size_t)64 << 20) > 0);
+    assert_int_equal(host_allocs, 0);
+    refuse = true; // no page-locked memory: no figure
+    assert_true(st_expert_link_gbs(&fake, true, (size_t)64 << 20) == 0);
+    refuse = false;
+    st_placement_free(p);
+    layer_free(&h);
+    st_backend_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stack_upload),
@@ -606,6 +657,7 @@ int main(void) {
         cmocka_unit_test(test_cache_out_of_memory),
         cmocka_unit_test(test_arena_cpu_backend),
         cmocka_unit_test(test_arena_resident),
+        cmocka_unit_test(test_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 // Unit tests for expert profiles (round trip, one file per validation rule), the cache plan
 // (budgets, tie spreading, per-layer sizes, against a brute-force reference) and the adaptive
-// swaps (convergence, hysteresis, max_swaps, slot reuse, argument checks).
+// swaps (convergence, hysteresis, max_swaps, slot reuse, argument checks); what a VRAM budget
+// leaves, and the --pcie-frac split of a layer's misses and the probe's pick.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -655,6 +656,96 @@ static void test_adapt_slot_reuse(void **state) {
     st_placement_free(p);
 }
 
+// ---------------------------------------------------------------------------------------------
+// --vram-budget-gib as the card's size, and the --pcie-frac split and pick
+
+static void test_vram_allowance(void **state) {
+    (void)state;
+    const size_t G = (size_t)1 << 30, M = (size_t)1 << 20;
+    size_t total = 141 * G;
+    // The H200 case: 0.7 GiB taken by the context and the reserve when placement starts; a budget
+    // of 16 leaves 15.3 for Strata, so the card shows 16 in use at most.
+    size_t avail = total - 700 * M;
+    assert_true(st_vram_allowance(16 * G, total, avail) == 16 * G - 700 * M);
+    assert_true(st_vram_allowance(12 * G, total, avail) == 12 * G - 700 * M);
+    // No budget: what is free. A budget as large as the card: the same.
+    assert_true(st_vram_allowance(0, total, avail) == avail);
+    assert_true(st_vram_allowance(total, total, avail) == avail);
+    assert_true(st_vram_allowance(200 * G, total, avail) == avail);
+    // Another program holding 10 GiB of the card counts against a budget too.
+    assert_true(st_vram_allowance(16 * G, total, avail - 10 * G) == 6 * G - 700 * M);
+    // Taken already beyond the budget: nothing.
+    assert_true(st_vram_allowance(500 * M, total, avail) == 0);
+    assert_true(st_vram_allowance(700 * M, total, avail) == 0);
+    // The device's size unknown: the budget as a cap on what is free.
+    assert_true(st_vram_allowance(16 * G, 0, avail) == 16 * G);
+    assert_true(st_vram_allowance(16 * G, 0, 8 * G) == 8 * G);
+    // mem_free larger than the total (an odd driver): nothing counted as taken.
+    assert_true(st_vram_allowance(16 * G, 8 * G, 12 * G) == 12 * G);
+}
+
+static void test_pcie_split(void **state) {
+    (void)state;
+    enum { E = 10 };
+    uint8_t gpu[E];
+    // Missed: expert 1 (3 rows), 4 (1), 5 (3), 7 (2), 9 (1); the others cached or not routed.
+    int32_t rows[E] = {0, 3, 0, 0, 1, 3, 0, 2, 0, 1};
+    memset(gpu, 7, sizeof gpu);
+    assert_int_equal(st_pcie_split(rows, E, 0, gpu), 0);
+    for (int e = 0; e < E; e++) assert_int_equal(gpu[e], 0);
+    assert_int_equal(st_pcie_split(rows, E, 1, gpu), 5);
+    for (int e = 0; e < E; e++) assert_int_equal(gpu[e], rows[e] > 0);
+    // 0.5 of 5 rounds to 3: the most rows first, ties to the lower id (1 and 5, then 7).
+    assert_int_equal(st_pcie_split(rows, E, 0.5, gpu), 3);
+    uint8_t want[E] = {0, 1, 0, 0, 0, 1, 0, 1, 0, 0};
+    assert_memory_equal(gpu, want, E);
+    // 0.3 of 5 = 1.5 rounds to 2: experts 1 and 5; 0.25 of 5 = 1.25 rounds to 1: expert 1.
+    assert_int_equal(st_pcie_split(rows, E, 0.3, gpu), 2);
+    assert_true(gpu[1] && gpu[5] && !gpu[7]);
+    assert_int_equal(st_pcie_split(rows, E, 0.25, gpu), 1);
+    assert_true(gpu[1] && !gpu[5]);
+    // 0.09 of 5 rounds to 0; beyond 1, negative and NaN are clamped.
+    assert_int_equal(st_pcie_split(rows, E, 0.09, gpu), 0);
+    assert_int_equal(st_pcie_split(rows, E, 3, gpu), 5);
+    assert_int_equal(st_pcie_split(rows, E, -1, gpu), 0);
+    assert_int_equal(st_pcie_split(rows, E, NAN, gpu), 0);
+    // Decode: one row, each missed expert once: ties all the way, the lowest ids go.
+    int32_t one[E] = {0, 0, 1, 0, 1, 0, 1, 1, 0, 0};
+    assert_int_equal(st_pcie_split(one, E, 0.5, gpu), 2);
+    uint8_t want1[E] = {0, 0, 1, 0, 1, 0, 0, 0, 0, 0};
+    assert_memory_equal(gpu, want1, E);
+    // Nothing missed.
+    int32_t none[E] = {0};
+    assert_int_equal(st_pcie_split(none, E, 1, gpu), 0);
+}
+
+static void test_pcie_pick(void **state) {
+    (void)state;
+    // A fast link next to a slow CPU: 50 GB/s against 10; 10 MiB of misses a layer. The split
+    // 0.85 (50/60 rounded to 0.05) takes ~0.18 ms + the fixed cost against 1.05 ms.
+    st_pcie_probe p = {.link_gbs = 50, .cpu_gbs = 10, .miss_bytes = 10 << 20, .sync_s = ST_PCIE_SYNC_S};
+    assert_true(fabs(st_pcie_pick(&p) - 0.85) < 1e-9);
+    assert_true(fabs(p.cpu_s - (10 << 20) / 10e9) < 1e-12);
+    assert_true(p.split_s < ST_PCIE_MARGIN * p.cpu_s && p.split_s > ST_PCIE_SYNC_S);
+    // The PCIe 5 link next to a 16-core pool of the same speed: half each, a clear win at this size.
+    p = (st_pcie_probe){.link_gbs = 50, .cpu_gbs = 50, .miss_bytes = 10 << 20, .sync_s = ST_PCIE_SYNC_S};
+    assert_true(fabs(st_pcie_pick(&p) - 0.5) < 1e-9);
+    // Small misses: the fixed cost eats the gain.
+    p.miss_bytes = 1 << 20;
+    assert_true(st_pcie_pick(&p) == 0);
+    assert_true(p.split_s >= ST_PCIE_MARGIN * p.cpu_s);
+    // A slow link (from the mapping) next to a fast CPU: under 0.025 rounds to 0.
+    p = (st_pcie_probe){.link_gbs = 1, .cpu_gbs = 60, .miss_bytes = 10 << 20, .sync_s = ST_PCIE_SYNC_S};
+    assert_true(st_pcie_pick(&p) == 0);
+    // A failed probe picks 0.
+    p = (st_pcie_probe){.link_gbs = 0, .cpu_gbs = 10, .miss_bytes = 10 << 20};
+    assert_true(st_pcie_pick(&p) == 0);
+    p = (st_pcie_probe){.link_gbs = 50, .cpu_gbs = 0, .miss_bytes = 10 << 20};
+    assert_true(st_pcie_pick(&p) == 0);
+    p = (st_pcie_probe){.link_gbs = 50, .cpu_gbs = 10, .miss_bytes = 0};
+    assert_true(st_pcie_pick(&p) == 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_profile_roundtrip),
@@ -674,6 +765,9 @@ int main(void) {
         cmocka_unit_test(test_adapt_max_swaps),
         cmocka_unit_test(test_adapt_prior_and_restart),
         cmocka_unit_test(test_adapt_slot_reuse),
+        cmocka_unit_test(test_vram_allowance),
+        cmocka_unit_test(test_pcie_split),
+        cmocka_unit_test(test_pcie_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
