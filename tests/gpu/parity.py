@@ -107,7 +107,8 @@ def hybrid_cases(a, out: Path, log, report) -> int:
     """The expert cache at 0%..100% of the experts: logits of prompt chunks (missed experts
     streamed to the GPU) and of decode windows (missed experts on the CPU pool) against the CPU
     backend; the same placement twice gives identical logits (adaptive swaps off); adaptive swaps
-    on still agree."""
+    on still agree; decode windows with --pcie-frac 0.5 and 1 (a share of the misses streamed to
+    the GPU, the windows run without CUDA graphs) agree too."""
     failed = 0
     rng = np.random.default_rng(11)
     for name, synth, exact in MODELS:
@@ -138,7 +139,7 @@ def hybrid_cases(a, out: Path, log, report) -> int:
                 n = int(round(frac * total))
                 label = f"cache {int(frac * 100)}% {case}"[:22]
                 try:
-                    more = [*extra, "--expert-cache", str(n), "--adapt-every", "0"]
+                    more = [*extra, "--expert-cache", str(n), "--adapt-every", "0", "--pcie-frac", "0"]
                     g = strata_eval(a.bin, path, tk, a.gpu, out, log, *more)
                     err, agree = errors(g, c), top1(g, c)
                     if exact:
@@ -163,10 +164,37 @@ def hybrid_cases(a, out: Path, log, report) -> int:
                 except Exception as e:  # noqa: BLE001
                     print(f"{name:26} {label:22} {len(tk):5d} FAIL {str(e)[:400]}")
                     failed += 1
+            if case.startswith("prompt") or full is None:
+                continue
+            # A share of the misses streamed to the GPU (synchronous windows): as close to the CPU
+            # as the other cache sizes; the same split twice gives identical logits.
+            for pf in ("0.5", "1"):
+                label = f"cache 25% pcie {pf} {case}"[:22]
+                try:
+                    more = [*extra, "--expert-cache", str(int(round(0.25 * total))), "--adapt-every", "0",
+                            "--pcie-frac", pf]
+                    g = strata_eval(a.bin, path, tk, a.gpu, out, log, *more)
+                    err, agree = errors(g, c), top1(g, c)
+                    if exact:
+                        ok = np.quantile(err, 0.9) <= 1e-3 and err.max() <= 1e-2 and agree >= 0.99
+                    else:
+                        ok = agree >= full[1] - 0.03 and np.quantile(err, 0.9) <= 1.5 * np.quantile(full[0], 0.9) + 2e-3
+                    ok = ok and bool(np.isfinite(g).all())
+                    note = ""
+                    if case.startswith("decode"):
+                        (out / "again").mkdir(exist_ok=True)
+                        g2 = strata_eval(a.bin, path, tk, a.gpu, out / "again", log, *more)
+                        same = bool((g2 == g).all())
+                        ok = ok and same
+                        note = "   (run twice: identical)" if same else "   (run twice: DIFFERENT)"
+                    report(name, label, len(tk), err, agree, ok, note)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name:26} {label:22} {len(tk):5d} FAIL {str(e)[:400]}")
+                    failed += 1
         try:  # adaptive swaps on, a small cache: swaps happen and the logits still agree
             c = strata_eval(a.bin, path, short, "cpu", out, log, "--batch", "1")
             g = strata_eval(a.bin, path, short, a.gpu, out, log, "--batch", "1", "--expert-cache",
-                            str(max(1, total // 8)), "--adapt-every", "2", "--adapt-swaps", "4")
+                            str(max(1, total // 8)), "--adapt-every", "2", "--adapt-swaps", "4", "--pcie-frac", "0")
             err, agree = errors(g, c), top1(g, c)
             ok = ((np.quantile(err, 0.9) <= 1e-3 and agree >= 0.99) if exact else agree >= 0.93) and bool(np.isfinite(g).all())
             report(name, "cache 12%, adaptive", len(short), err, agree, ok)
