@@ -795,10 +795,16 @@ DEFINE_DOTS(bf16, bf16_rows)
 
 // ---------------------------------------------------------------------------------------------
 
+// A type with its own AVX-512 kernels uses them for every batch: the AVX2 table's GEMM kernels
+// (8 weight rows x many activation rows, 2.4x the AVX2 dot_multi on Zen 3) are not laid over
+// them, because nobody has yet timed them against these VNNI kernels on an AVX-512 machine
+// (`strata bench kernels --path all --nx 32` there says which wins).
 #define SET(T, name)                                                                            \
     do {                                                                                        \
         k->dot[T] = name##_dot;                                                                 \
         k->dot_multi[T] = name##_multi;                                                         \
+        k->gemm_pack[T] = NULL;                                                                 \
+        k->gemm[T] = NULL;                                                                      \
     } while (0)
 
 void st_quant_kernels_avx512(st_quant_kernels *k) {
