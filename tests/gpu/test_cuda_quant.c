@@ -459,6 +459,9 @@ static void test_moe(void **state) {
         {128, 8, 17, 512, 256, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q6_K, 0.05},
         {8, 2, 20, 64, 64, ST_TYPE_F32, ST_TYPE_F32, ST_TYPE_BF16, 0.02},
         {16, 4, 9, 256, 256, ST_TYPE_IQ2_XS, ST_TYPE_IQ2_XS, ST_TYPE_IQ3_S, 0.05},
+        // Row counts that leave the last block of 4 row pairs a warp (n = 1) partial.
+        {16, 4, 1, 288, 96, ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0, 0.05},
+        {16, 4, 3, 288, 96, ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q4_0, 0.05},
         // Prompt chunks: exact fp32 for F32 experts; f16 in place; widths that end in half a
         // 64-column step and row counts that are not multiples of the 128-row tile.
         // Every row picks every expert and d is wide: members are quantized in several groups.
