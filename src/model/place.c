@@ -229,7 +229,7 @@ static double probe_pcie_frac(st_model *m, st_backend *b, const size_t *eb, cons
     // The time per byte of each source, weighted by the share of the misses it serves.
     double sp = miss_b > 0 ? pinned_b / miss_b : 0;
     if ((sp > 0 && pinned <= 0) || (sp < 1 && paged <= 0)) pr.link_gbs = 0;
-    else pr.link_gbs = 1.0 / ((sp > 0 ? sp / pinned : 0) + (sp < 1 ? (1 - sp) / paged : 0));
+    else pr.link_gbs = ST_PCIE_LINK_EFF / ((sp > 0 ? sp / pinned : 0) + (sp < 1 ? (1 - sp) / paged : 0));
     pr.cpu_gbs = st_experts_cpu_gbs(b->pool, p, &a->w[probe_layer], probe_layer, k);
     double f = st_pcie_pick(&pr);
     char link[96] = "";
@@ -238,10 +238,10 @@ static double probe_pcie_frac(st_model *m, st_backend *b, const size_t *eb, cons
         snprintf(link + strlen(link), sizeof link - strlen(link), "%s%.1f GB/s from ordinary memory",
                  pinned > 0 ? ", " : "", paged);
     st_log_info("experts: link probe: %s; the CPU pool computes experts at %.1f GB/s; a decode token misses "
-                "%.2f MiB a hybrid layer: %.0f us on the CPU alone, %.0f us split (%.0f us of it the streaming "
-                "path's fixed cost) -> --pcie-frac %.2f%s",
+                "%.2f MiB a hybrid layer: %.0f us on the CPU alone, %.0f us split (at %.1f GB/s streamed, plus %.0f us "
+                "of the streaming path's fixed cost) -> --pcie-frac %.2f%s",
                 link[0] ? link : "failed", pr.cpu_gbs, pr.miss_bytes / 1048576.0, pr.cpu_s * 1e6, pr.split_s * 1e6,
-                pr.sync_s * 1e6, f, f > 0 ? "" : " (every miss on the CPU pool)");
+                pr.link_gbs, pr.sync_s * 1e6, f, f > 0 ? "" : " (every miss on the CPU pool)");
     return f;
 }
 
