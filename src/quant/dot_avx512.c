@@ -88,83 +88,57 @@ AI __m512i spread16(__m512i v, int first, int span) {
 #define ZERO4_PS {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}
 
 // ---------------------------------------------------------------------------------------------
-// 32-element blocks against Q8_0 (signed: Q8_0, Q4_0, IQ4_NL, Q5_0) and Q8_1 (unsigned with a
-// min: Q4_1, Q5_1). Two blocks per zmm; an odd last block is padded with a zero weight block.
+// 32-element blocks against Q8_0 (signed: Q8_0, Q4_0, Q5_0). Two blocks per zmm; an odd last
+// block is padded with a zero weight block. Q4_1, Q5_1 and IQ4_NL use the AVX2 kernels: on the
+// Xeon of the H200 machine they were faster than this form (16 threads, 768x2048: 59 / 60 / 66
+// GB/s against 46 / 52 / 55; 1200 MiB: 47 / 52 / 63 against 47 / 49 / 50).
 
-enum { K_Q8_0, K_Q4_0, K_IQ4_NL, K_Q5_0, K_Q4_1, K_Q5_1 };
+enum { K_Q8_0, K_Q4_0, K_Q5_0 };
 
-// Block i's 32 values (signed, or unsigned for Q4_1/Q5_1), its d and (Q4_1/Q5_1) m.
-AI __m256i legacy_block(const int kind, const uint8_t *w, int64_t i, float *d, float *m) {
+// Block i's 32 signed values and its d.
+AI __m256i legacy_block(const int kind, const uint8_t *w, int64_t i, float *d) {
     if (kind == K_Q8_0) {
         const block_q8_0 *b = (const block_q8_0 *)w + i;
         *d = f16(b->d);
         return _mm256_loadu_si256((const __m256i *)b->qs);
     }
-    if (kind == K_Q4_0 || kind == K_IQ4_NL) {
+    if (kind == K_Q4_0) {
         const block_q4_0 *b = (const block_q4_0 *)w + i;
         *d = f16(b->d);
-        __m256i q = nibbles_32(b->qs);
-        if (kind == K_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-        __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
-        return _mm256_shuffle_epi8(tbl, q);
+        return _mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8));
     }
-    if (kind == K_Q5_0) {
-        const block_q5_0 *b = (const block_q5_0 *)w + i;
-        *d = f16(b->d);
-        // 5th bit clear: value = nibble - 16 (the byte nibble | 0xf0).
-        return _mm256_mask_blend_epi8(bits32(b->qh), _mm256_or_si256(nibbles_32(b->qs), _mm256_set1_epi8((char)0xf0)),
-                                      nibbles_32(b->qs));
-    }
-    if (kind == K_Q4_1) {
-        const block_q4_1 *b = (const block_q4_1 *)w + i;
-        *d = f16(b->d);
-        *m = f16(b->m);
-        return nibbles_32(b->qs);
-    }
-    const block_q5_1 *b = (const block_q5_1 *)w + i;
+    const block_q5_0 *b = (const block_q5_0 *)w + i;
     *d = f16(b->d);
-    *m = f16(b->m);
-    return _mm256_mask_blend_epi8(bits32(b->qh), nibbles_32(b->qs),
-                                  _mm256_or_si256(nibbles_32(b->qs), _mm256_set1_epi8(0x10)));
+    // 5th bit clear: value = nibble - 16 (the byte nibble | 0xf0).
+    return _mm256_mask_blend_epi8(bits32(b->qh), _mm256_or_si256(nibbles_32(b->qs), _mm256_set1_epi8((char)0xf0)),
+                                  nibbles_32(b->qs));
 }
 
 AI void legacy_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                     const void *x, size_t xs) {
     const int64_t nb = n / 32;
-    const bool with_min = kind == K_Q4_1 || kind == K_Q5_1;
     __m512 acc[4] = ZERO4_PS;
-    float summ[4] = {0, 0, 0, 0};
     for (int64_t i = 0; i < nb; i += 2) {
         const bool pair = i + 1 < nb;
-        float d0 = 0, d1 = 0, m0 = 0, m1 = 0;
-        __m256i q0 = legacy_block(kind, w, i, &d0, &m0);
-        __m256i q1 = pair ? legacy_block(kind, w, i + 1, &d1, &m1) : _mm256_setzero_si256();
+        float d0 = 0, d1 = 0;
+        __m256i q0 = legacy_block(kind, w, i, &d0);
+        __m256i q1 = pair ? legacy_block(kind, w, i + 1, &d1) : _mm256_setzero_si256();
         __m512i q = join256(q0, q1);
-        __m512i aq = with_min ? q : _mm512_abs_epi8(q);
-        __mmask64 neg = with_min ? 0 : _mm512_movepi8_mask(q);
+        __m512i aq = _mm512_abs_epi8(q);
+        __mmask64 neg = _mm512_movepi8_mask(q);
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            // Q8_0 and Q8_1 share d at offset 0; qs sits at 2 or 4.
-            const uint8_t *y0 = (const uint8_t *)x + (size_t)r * xs +
-                                (size_t)i * (with_min ? sizeof(block_q8_1) : sizeof(block_q8_0));
-            const size_t ysz = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
-            const size_t qoff = with_min ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
-            __m256i y0q = _mm256_loadu_si256((const __m256i *)(y0 + qoff));
-            __m256i y1q = pair ? _mm256_loadu_si256((const __m256i *)(y0 + ysz + qoff)) : _mm256_setzero_si256();
-            __m512i y = join256(y0q, y1q);
-            __m512i p = with_min ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, y)
-                                 : dot_ss8(_mm512_setzero_si512(), aq, neg, y);
-            float dy0 = f16(*(const st_f16 *)y0);
-            float dy1 = pair ? f16(*(const st_f16 *)(y0 + ysz)) : 0.0f;
+            const block_q8_0 *y0 = XROW(block_q8_0, r) + i;
+            __m256i y0q = _mm256_loadu_si256((const __m256i *)y0[0].qs);
+            __m256i y1q = pair ? _mm256_loadu_si256((const __m256i *)y0[1].qs) : _mm256_setzero_si256();
+            __m512i p = dot_ss8(_mm512_setzero_si512(), aq, neg, join256(y0q, y1q));
+            float dy0 = f16(y0[0].d);
+            float dy1 = pair ? f16(y0[1].d) : 0.0f;
             acc[r] = _mm512_fmadd_ps(scale2(d0 * dy0, d1 * dy1), _mm512_cvtepi32_ps(p), acc[r]);
-            if (with_min) {
-                const block_q8_1 *yb = (const block_q8_1 *)y0;
-                summ[r] += m0 * f16(yb[0].s) + (pair ? m1 * f16(yb[1].s) : 0.0f);
-            }
         }
     }
     #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]) + summ[r];
+    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
 }
 
 #define LEGACY(name, kind)                                                                      \
@@ -175,10 +149,7 @@ AI void legacy_rows(const int kind, int64_t n, const int NR, float *s, const voi
     DEFINE_DOTS(name, name##_rows)
 LEGACY(q8_0, K_Q8_0)
 LEGACY(q4_0, K_Q4_0)
-LEGACY(iq4_nl, K_IQ4_NL)
 LEGACY(q5_0, K_Q5_0)
-LEGACY(q4_1, K_Q4_1)
-LEGACY(q5_1, K_Q5_1)
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K, Q5_K x Q8_K. zmm j holds sub-blocks 2j (low nibbles) and 2j+1 (high nibbles).
@@ -467,10 +438,13 @@ AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
 DEFINE_DOTS(q3_K, q3_K_rows)
 
 // ---------------------------------------------------------------------------------------------
-// IQ2 / IQ3 / IQ1 x Q8_K. zmm p holds the 32-element groups 2p and 2p+1 (elements
-// 64p..64p+63). Grid rows are gathered with scalar loads as in AVX2; the sign bits become a
-// 64-bit mask that negates the activations (vpsignb has no 512-bit form); scales are int16
-// lanes for vpdpwssd (one per 16 elements: lanes 8k..8k+7 belong to elements 64p+16k..+15).
+// IQ2_S x Q8_K. zmm p holds the 32-element groups 2p and 2p+1 (elements 64p..64p+63). Grid rows
+// are gathered with scalar loads as in AVX2; the sign bits become a 64-bit mask that negates the
+// activations (vpsignb has no 512-bit form); scales are int16 lanes for vpdpwssd (one per 16
+// elements: lanes 8k..8k+7 belong to elements 64p+16k..+15). IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S,
+// IQ1_S and IQ1_M use the AVX2 kernels: on the Xeon of the H200 machine this form was slower
+// for them (16 threads, 1200 MiB: 24 / 20 / 25 / 25 / 18 / 13 GB/s against AVX2's 28 / 24 / 33
+// / 26 / 21 / 15; the same order on the 768x2048 expert shape), faster only for IQ2_S (35 vs 31).
 
 AI __m512i set_u64x8(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5,
                      uint64_t a6, uint64_t a7) { // a0 lowest
@@ -478,24 +452,11 @@ AI __m512i set_u64x8(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_
                             (long long)a2, (long long)a1, (long long)a0);
 }
 
-// int16 lanes 0..15 = a (group 2p), 16..31 = b (group 2p+1).
-AI __m512i scale_pair16(int a, int b) {
-    return join256(_mm256_set1_epi16((short)a), _mm256_set1_epi16((short)b));
-}
-
-// The 32 sign bits of a group from its four 7-bit ksigns indices (bits 0..27 of aux).
-AI uint32_t ksigns32(uint32_t aux) {
-    return (uint32_t)st_ksigns_iq2xs[aux & 127] | (uint32_t)st_ksigns_iq2xs[(aux >> 7) & 127] << 8 |
-           (uint32_t)st_ksigns_iq2xs[(aux >> 14) & 127] << 16 | (uint32_t)st_ksigns_iq2xs[(aux >> 21) & 127] << 24;
-}
-
 AI uint64_t load_u64(const uint8_t *p) {
     uint64_t v;
     memcpy(&v, p, 8);
     return v;
 }
-
-enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
 
 // IQ2_XS / IQ2_S: the 16 odd scales 2s+1 (one per 16 elements, low nibble first) as bytes.
 AI __m128i iq2_scales16(const uint8_t *scales) {
@@ -507,96 +468,30 @@ AI __m128i iq2_scales16(const uint8_t *scales) {
     return _mm_add_epi8(_mm_add_epi8(x, x), _mm_set1_epi8(1));
 }
 
-// Groups 2p, 2p+1 of block blk: unsigned grid bytes, the mask of negative elements and the
-// int16 scales. sc16: the block's 16 IQ2_XS / IQ2_S scales as int16 lanes (unused otherwise).
-AI void iq_pair(const int kind, const void *blk, __m512i sc16, int p, __m512i *grid, __mmask64 *neg,
-                __m512i *sc) {
-    if (kind == IQ2_XXS) {
-        const block_iq2_xxs *b = blk;
-        const uint8_t *q8 = (const uint8_t *)b->qs + 16 * p; // per group: u32 grid indices, u32 aux
-        uint32_t i0, a0, i1, a1;
-        memcpy(&i0, q8, 4);
-        memcpy(&a0, q8 + 4, 4);
-        memcpy(&i1, q8 + 8, 4);
-        memcpy(&a1, q8 + 12, 4);
-        *grid = set_u64x8(st_iq2xxs_grid[i0 & 255], st_iq2xxs_grid[(i0 >> 8) & 255], st_iq2xxs_grid[(i0 >> 16) & 255],
-                          st_iq2xxs_grid[i0 >> 24], st_iq2xxs_grid[i1 & 255], st_iq2xxs_grid[(i1 >> 8) & 255],
-                          st_iq2xxs_grid[(i1 >> 16) & 255], st_iq2xxs_grid[i1 >> 24]);
-        *neg = (uint64_t)ksigns32(a0) | (uint64_t)ksigns32(a1) << 32;
-        *sc = scale_pair16(2 * (int)(a0 >> 28) + 1, 2 * (int)(a1 >> 28) + 1);
-    } else if (kind == IQ2_XS) {
-        const block_iq2_xs *b = blk;
-        const uint16_t *q = b->qs + 8 * p; // low 9 bits: grid index, high 7: ksigns index
-        *grid = set_u64x8(st_iq2xs_grid[q[0] & 511], st_iq2xs_grid[q[1] & 511], st_iq2xs_grid[q[2] & 511],
-                          st_iq2xs_grid[q[3] & 511], st_iq2xs_grid[q[4] & 511], st_iq2xs_grid[q[5] & 511],
-                          st_iq2xs_grid[q[6] & 511], st_iq2xs_grid[q[7] & 511]);
-        uint64_t m = 0;
-        #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) m |= (uint64_t)st_ksigns_iq2xs[q[k] >> 9] << (8 * k);
-        *neg = m;
-        *sc = spread16(sc16, 4 * p, 8);
-    } else if (kind == IQ2_S) {
-        const block_iq2_s *b = blk;
-        const uint8_t *q = b->qs + 8 * p; // grid index low bytes; the sign bytes follow at QK_K/8
-        unsigned h0 = b->qh[2 * p], h1 = b->qh[2 * p + 1];
-        *grid = set_u64x8(st_iq2s_grid[q[0] | (h0 << 8 & 0x300)], st_iq2s_grid[q[1] | (h0 << 6 & 0x300)],
-                          st_iq2s_grid[q[2] | (h0 << 4 & 0x300)], st_iq2s_grid[q[3] | (h0 << 2 & 0x300)],
-                          st_iq2s_grid[q[4] | (h1 << 8 & 0x300)], st_iq2s_grid[q[5] | (h1 << 6 & 0x300)],
-                          st_iq2s_grid[q[6] | (h1 << 4 & 0x300)], st_iq2s_grid[q[7] | (h1 << 2 & 0x300)]);
-        *neg = load_u64(b->qs + QK_K / 8 + 8 * p);
-        *sc = spread16(sc16, 4 * p, 8);
-    } else if (kind == IQ3_XXS) {
-        const block_iq3_xxs *b = blk;
-        const uint8_t *q = b->qs + 16 * p; // two grid indices (of 4 values) per 8 elements
-        uint32_t a0, a1;
-        memcpy(&a0, b->qs + QK_K / 4 + 8 * p, 4);
-        memcpy(&a1, b->qs + QK_K / 4 + 8 * p + 4, 4);
-        *grid = _mm512_set_epi32((int)st_iq3xxs_grid[q[15]], (int)st_iq3xxs_grid[q[14]], (int)st_iq3xxs_grid[q[13]],
-                                 (int)st_iq3xxs_grid[q[12]], (int)st_iq3xxs_grid[q[11]], (int)st_iq3xxs_grid[q[10]],
-                                 (int)st_iq3xxs_grid[q[9]], (int)st_iq3xxs_grid[q[8]], (int)st_iq3xxs_grid[q[7]],
-                                 (int)st_iq3xxs_grid[q[6]], (int)st_iq3xxs_grid[q[5]], (int)st_iq3xxs_grid[q[4]],
-                                 (int)st_iq3xxs_grid[q[3]], (int)st_iq3xxs_grid[q[2]], (int)st_iq3xxs_grid[q[1]],
-                                 (int)st_iq3xxs_grid[q[0]]);
-        *neg = (uint64_t)ksigns32(a0) | (uint64_t)ksigns32(a1) << 32;
-        *sc = scale_pair16(2 * (int)(a0 >> 28) + 1, 2 * (int)(a1 >> 28) + 1);
-    } else {
-        const block_iq3_s *b = blk;
-        const uint8_t *q = b->qs + 16 * p; // 9-bit grid indices: bit k of qh[g] on top of q[k]
-        unsigned h0 = b->qh[2 * p], h1 = b->qh[2 * p + 1];
-        *grid = _mm512_set_epi32((int)st_iq3s_grid[q[15] | (h1 << 1 & 256)], (int)st_iq3s_grid[q[14] | (h1 << 2 & 256)],
-                                 (int)st_iq3s_grid[q[13] | (h1 << 3 & 256)], (int)st_iq3s_grid[q[12] | (h1 << 4 & 256)],
-                                 (int)st_iq3s_grid[q[11] | (h1 << 5 & 256)], (int)st_iq3s_grid[q[10] | (h1 << 6 & 256)],
-                                 (int)st_iq3s_grid[q[9] | (h1 << 7 & 256)], (int)st_iq3s_grid[q[8] | (h1 << 8 & 256)],
-                                 (int)st_iq3s_grid[q[7] | (h0 << 1 & 256)], (int)st_iq3s_grid[q[6] | (h0 << 2 & 256)],
-                                 (int)st_iq3s_grid[q[5] | (h0 << 3 & 256)], (int)st_iq3s_grid[q[4] | (h0 << 4 & 256)],
-                                 (int)st_iq3s_grid[q[3] | (h0 << 5 & 256)], (int)st_iq3s_grid[q[2] | (h0 << 6 & 256)],
-                                 (int)st_iq3s_grid[q[1] | (h0 << 7 & 256)], (int)st_iq3s_grid[q[0] | (h0 << 8 & 256)]);
-        *neg = load_u64(b->signs + 8 * p);
-        unsigned sb = b->scales[p]; // low nibble: group 2p, high: group 2p+1
-        *sc = scale_pair16(2 * (int)(sb & 15) + 1, 2 * (int)(sb >> 4) + 1);
-    }
+// Groups 2p, 2p+1 of block b: unsigned grid bytes, the mask of negative elements and the int16
+// scales. sc16: the block's 16 scales as int16 lanes.
+AI void iq2_s_pair(const block_iq2_s *b, __m512i sc16, int p, __m512i *grid, __mmask64 *neg, __m512i *sc) {
+    const uint8_t *q = b->qs + 8 * p; // grid index low bytes; the sign bytes follow at QK_K/8
+    unsigned h0 = b->qh[2 * p], h1 = b->qh[2 * p + 1];
+    *grid = set_u64x8(st_iq2s_grid[q[0] | (h0 << 8 & 0x300)], st_iq2s_grid[q[1] | (h0 << 6 & 0x300)],
+                      st_iq2s_grid[q[2] | (h0 << 4 & 0x300)], st_iq2s_grid[q[3] | (h0 << 2 & 0x300)],
+                      st_iq2s_grid[q[4] | (h1 << 8 & 0x300)], st_iq2s_grid[q[5] | (h1 << 6 & 0x300)],
+                      st_iq2s_grid[q[6] | (h1 << 4 & 0x300)], st_iq2s_grid[q[7] | (h1 << 2 & 0x300)]);
+    *neg = load_u64(b->qs + QK_K / 8 + 8 * p);
+    *sc = spread16(sc16, 4 * p, 8);
 }
 
-AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w, const void *x,
-                size_t xs) {
-    static const size_t sizes[] = {sizeof(block_iq2_xxs), sizeof(block_iq2_xs), sizeof(block_iq2_s),
-                                   sizeof(block_iq3_xxs), sizeof(block_iq3_s)};
-    // The odd scales are 2s+1; the formats' common factors (1/8, 1/4) are applied once.
-    const float factor = kind <= IQ2_S ? 0.125f : kind == IQ3_XXS ? 0.25f : 1.0f;
+AI void iq2_s_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
+    const block_iq2_s *b = w;
     const int64_t nb = n / QK_K;
     __m512 acc[4] = ZERO4_PS;
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = (const uint8_t *)w + (size_t)i * sizes[kind];
-        st_f16 dh;
-        memcpy(&dh, blk, 2); // every IQ2/IQ3 block starts with d
-        float d = f16(dh) * factor;
-        __m512i sc16 = kind == IQ2_XS ? _mm512_castsi256_si512(_mm256_cvtepu8_epi16(iq2_scales16(((const block_iq2_xs *)blk)->scales)))
-                     : kind == IQ2_S ? _mm512_castsi256_si512(_mm256_cvtepu8_epi16(iq2_scales16(((const block_iq2_s *)blk)->scales)))
-                                     : _mm512_setzero_si512();
+        float d = f16(b[i].d) * 0.125f; // the odd scales are 2s+1; the format's 1/8 applied once
+        __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(iq2_scales16(b[i].scales)));
         __m512i grid[4], sc[4];
         __mmask64 neg[4];
         #pragma GCC unroll 8
-        for (int p = 0; p < 4; p++) iq_pair(kind, blk, sc16, p, &grid[p], &neg[p], &sc[p]);
+        for (int p = 0; p < 4; p++) iq2_s_pair(&b[i], sc16, p, &grid[p], &neg[p], &sc[p]);
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
@@ -615,132 +510,8 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
 }
-#define IQ_ROWS(name, kind)                                                                     \
-    AI void name##_rows(int64_t n, const int NR, float *s, const void *w, const void *x,       \
-                        size_t xs) {                                                            \
-        iq_rows(kind, n, NR, s, w, x, xs);                                                      \
-    }                                                                                           \
-    DEFINE_DOTS(name, name##_rows)
-IQ_ROWS(iq2_xxs, IQ2_XXS)
-IQ_ROWS(iq2_xs, IQ2_XS)
-IQ_ROWS(iq2_s, IQ2_S)
-IQ_ROWS(iq3_xxs, IQ3_XXS)
-IQ_ROWS(iq3_s, IQ3_S)
+DEFINE_DOTS(iq2_s, iq2_s_rows)
 
-// IQ1_S: grid values -1/0/1 are stored as grid + 1 (0..2, unsigned for vpmaddubsw) and the
-// extra sum(y) per group is taken back with the activation's bsums, which also give the
-// delta * sum(y) term.
-AI void iq1_s_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
-    const block_iq1_s *b = w;
-    const int64_t nb = n / QK_K;
-    const __m512i one = _mm512_set1_epi8(1);
-    __m512 acc[4] = ZERO4_PS;
-    __m128 accd[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        float d = f16(b[i].d);
-        int16_t ls[8], lsd[8];
-        #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            unsigned h = b[i].qh[g];
-            ls[g] = (int16_t)(2 * ((h >> 12) & 7) + 1);
-            lsd[g] = (int16_t)(h & 0x8000 ? -ls[g] : ls[g]);
-        }
-        __m512i g1[4], sc[4];
-        #pragma GCC unroll 8
-        for (int p = 0; p < 4; p++) {
-            const uint8_t *q = b[i].qs + 8 * p;
-            unsigned h0 = b[i].qh[2 * p], h1 = b[i].qh[2 * p + 1];
-            __m512i grid = set_u64x8(st_iq1s_grid[q[0] | (h0 << 8 & 0x700)], st_iq1s_grid[q[1] | (h0 << 5 & 0x700)],
-                                     st_iq1s_grid[q[2] | (h0 << 2 & 0x700)], st_iq1s_grid[q[3] | (h0 >> 1 & 0x700)],
-                                     st_iq1s_grid[q[4] | (h1 << 8 & 0x700)], st_iq1s_grid[q[5] | (h1 << 5 & 0x700)],
-                                     st_iq1s_grid[q[6] | (h1 << 2 & 0x700)], st_iq1s_grid[q[7] | (h1 >> 1 & 0x700)]);
-            g1[p] = _mm512_add_epi8(grid, one);
-            sc[p] = scale_pair16(ls[2 * p], ls[2 * p + 1]);
-        }
-        __m128i lsv = _mm_loadu_si128((const __m128i *)ls), lsdv = _mm_loadu_si128((const __m128i *)lsd);
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m128i b0 = _mm_loadu_si128((const __m128i *)y->bsums);
-            __m128i b1 = _mm_loadu_si128((const __m128i *)(y->bsums + 8));
-            __m128i ysum = _mm_hadd_epi16(b0, b1); // sum of y per group of 32
-            // sum(ls * grid * y) = sum(ls * (grid + 1) * y) - sum(ls * ysum)
-            __m128i corr = _mm_madd_epi16(lsv, ysum);
-            __m512i sumi = _mm512_zextsi128_si512(_mm_sub_epi32(_mm_setzero_si128(), corr));
-            __m512i sumi1 = _mm512_setzero_si512();
-            #pragma GCC unroll 8
-            for (int p = 0; p < 4; p += 2) {
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(g1[p], _mm512_loadu_si512(y->qs + 64 * p)), sc[p]);
-                sumi1 = _mm512_dpwssd_epi32(sumi1, _mm512_maddubs_epi16(g1[p + 1], _mm512_loadu_si512(y->qs + 64 * p + 64)), sc[p + 1]);
-            }
-            sumi = _mm512_add_epi32(sumi, sumi1);
-            __m128i ds = _mm_madd_epi16(lsdv, ysum);
-            float dd = d * y->d;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dd), _mm512_cvtepi32_ps(sumi), acc[r]);
-            accd[r] = _mm_fmadd_ps(_mm_set1_ps(dd * ST_IQ1_DELTA), _mm_cvtepi32_ps(ds), accd[r]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]) + hsum_ps128(accd[r]);
-}
-DEFINE_DOTS(iq1_s, iq1_s_rows)
-
-// IQ1_M: like IQ1_S with a 3-bit scale per 16 elements and the delta sign per 8. The value
-// grid + delta = (8 grid +- 1) / 8 is kept as the int8 8 grid +- 1 (never 0): |q| times the
-// activation negated where q < 0; the 1/8 goes into the block factor. Scale word p holds the
-// four 3-bit scales of elements 64p..64p+63 (bits 3k..3k+2 for the 16 elements 64p+16k..).
-static const int16_t iq1m_shifts[32] = {0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 3, 3,
-                                        6, 6, 6, 6, 6, 6, 6, 6, 9, 9, 9, 9, 9, 9, 9, 9};
-
-AI void iq1_m_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
-    const block_iq1_m *b = w;
-    const int64_t nb = n / QK_K;
-    const __m512i shifts = _mm512_loadu_si512(iq1m_shifts);
-    __m512 acc[4] = ZERO4_PS;
-    for (int64_t i = 0; i < nb; i++) {
-        uint16_t sc[4];
-        memcpy(sc, b[i].scales, sizeof sc);
-        st_f16 dh = (st_f16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-        float d = f16(dh) * 0.125f;
-        __m512i aq[4], scv[4];
-        __mmask64 neg[4];
-        #pragma GCC unroll 8
-        for (int p = 0; p < 4; p++) {
-            uint64_t rows[8], dsg[8];
-            #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                int r = 8 * p + k; // row of 8 elements
-                unsigned hq = (b[i].qh[r / 2] >> (4 * (r % 2))) & 15;
-                rows[k] = st_iq1s_grid[b[i].qs[r] | (hq & 7) << 8];
-                dsg[k] = hq & 8 ? 0xffffffffffffffffull : 0x0101010101010101ull;
-            }
-            __m512i grid = set_u64x8(rows[0], rows[1], rows[2], rows[3], rows[4], rows[5], rows[6], rows[7]);
-            __m512i g8 = _mm512_and_si512(_mm512_slli_epi16(grid, 3), _mm512_set1_epi8((char)0xf8));
-            __m512i q = _mm512_add_epi8(g8, set_u64x8(dsg[0], dsg[1], dsg[2], dsg[3], dsg[4], dsg[5], dsg[6], dsg[7]));
-            aq[p] = _mm512_abs_epi8(q);
-            neg[p] = _mm512_movepi8_mask(q);
-            __m512i l3 = _mm512_and_si512(_mm512_srlv_epi16(_mm512_set1_epi16((short)sc[p]), shifts), _mm512_set1_epi16(7));
-            scv[p] = _mm512_add_epi16(_mm512_add_epi16(l3, l3), _mm512_set1_epi16(1));
-        }
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m512i sumi = _mm512_setzero_si512(), sumi1 = _mm512_setzero_si512();
-            #pragma GCC unroll 8
-            for (int p = 0; p < 4; p++) {
-                __m512i qy = _mm512_loadu_si512(y->qs + 64 * p);
-                qy = _mm512_mask_sub_epi8(qy, neg[p], _mm512_setzero_si512(), qy);
-                if (p & 1) sumi1 = _mm512_dpwssd_epi32(sumi1, _mm512_maddubs_epi16(aq[p], qy), scv[p]);
-                else sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(aq[p], qy), scv[p]);
-            }
-            sumi = _mm512_add_epi32(sumi, sumi1);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi), acc[r]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
-}
-DEFINE_DOTS(iq1_m, iq1_m_rows)
 
 // ---------------------------------------------------------------------------------------------
 // F32, F16, BF16
@@ -810,23 +581,14 @@ DEFINE_DOTS(bf16, bf16_rows)
 void st_quant_kernels_avx512(st_quant_kernels *k) {
     SET(ST_TYPE_Q8_0, q8_0);
     SET(ST_TYPE_Q4_0, q4_0);
-    SET(ST_TYPE_Q4_1, q4_1);
     SET(ST_TYPE_Q5_0, q5_0);
-    SET(ST_TYPE_Q5_1, q5_1);
-    SET(ST_TYPE_IQ4_NL, iq4_nl);
     SET(ST_TYPE_Q4_K, q4_K);
     SET(ST_TYPE_Q5_K, q5_K);
     SET(ST_TYPE_Q6_K, q6_K);
     SET(ST_TYPE_IQ4_XS, iq4_xs);
     SET(ST_TYPE_Q2_K, q2_K);
     SET(ST_TYPE_Q3_K, q3_K);
-    SET(ST_TYPE_IQ2_XXS, iq2_xxs);
-    SET(ST_TYPE_IQ2_XS, iq2_xs);
     SET(ST_TYPE_IQ2_S, iq2_s);
-    SET(ST_TYPE_IQ3_XXS, iq3_xxs);
-    SET(ST_TYPE_IQ3_S, iq3_s);
-    SET(ST_TYPE_IQ1_S, iq1_s);
-    SET(ST_TYPE_IQ1_M, iq1_m);
     SET(ST_TYPE_F32, f32);
     SET(ST_TYPE_F16, f16);
     SET(ST_TYPE_BF16, bf16);
