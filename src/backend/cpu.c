@@ -162,7 +162,7 @@ static void axpy(float *restrict y, float a, const float *restrict x, int n) {
 // Work unit: one KV head and a block of query rows, so each cache row is converted to f32 once
 // per tile for all the query heads that share it (GQA) and all rows of the block.
 #define ATTN_TILE 128 // cache positions converted at a time (bounds the scratch for any context)
-#define ATTN_ROWS 8   // query rows per task
+#define ATTN_ROWS 32  // query rows per task: each converted K/V tile serves rows x heads queries
 
 typedef struct attn_job {
     const st_attn_args *a;
@@ -198,18 +198,23 @@ static void attn_worker(void *ctx, int ith, int nth) {
                 for (int g = 0; g < G && tmax > 0; g++) {
                     const float *q = a->q + ((size_t)(r0 + r) * H + hk * G + g) * d;
                     float *S = st + (size_t)(r * G + g) * (d + 2), *acc = S + 2, m = S[0], l = S[1];
+                    // The tile's scores first, then one rescale for the tile's maximum (not
+                    // one per key that raises it).
+                    float sc[ATTN_TILE], mx = m;
                     for (int t = 0; t < tmax; t++) {
-                        const float *k = kt + (size_t)t * d, *v = vt + (size_t)t * d;
-                        float s = dot(q, k, d) * a->scale;
-                        if (s > m) {
-                            float c = expf(m - s);
-                            l *= c;
-                            for (int j = 0; j < d; j++) acc[j] *= c;
-                            m = s;
-                        }
-                        float p = expf(s - m);
+                        sc[t] = dot(q, kt + (size_t)t * d, d) * a->scale;
+                        mx = sc[t] > mx ? sc[t] : mx;
+                    }
+                    if (mx > m) {
+                        float c = expf(m - mx); // 0 for the first tile (m = -inf; acc and l are 0)
+                        l *= c;
+                        for (int j = 0; j < d; j++) acc[j] *= c;
+                        m = mx;
+                    }
+                    for (int t = 0; t < tmax; t++) {
+                        float p = expf(sc[t] - m);
                         l += p;
-                        axpy(acc, p, v, d);
+                        axpy(acc, p, vt + (size_t)t * d, d);
                     }
                     S[0] = m, S[1] = l;
                 }
