@@ -204,12 +204,9 @@ static void mm_rows_multi(const mm_job *j, int64_t r0, int64_t r1) {
 }
 
 // Whole 8-row tiles through the GEMM kernel (each tile packed once, then every activation row
-// against it); a remainder of fewer than 8 rows through dot_multi.
-static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    if (!j->gemm_pack || r1 - r0 < ST_GEMM_ROWS) {
-        mm_rows_multi(j, r0, r1);
-        return;
-    }
+// against it); a remainder of fewer than 8 rows through dot_multi. Not inlined into mm_rows:
+// its 32 KiB stack frame is for prompt chunks only, not for every decode call.
+__attribute__((noinline)) static void mm_rows_gemm(const mm_job *j, int64_t r0, int64_t r1) {
     const st_matmul_args *a = &j->a;
     const uint8_t *w = a->w;
     const uint8_t *x = a->x;
@@ -228,6 +225,11 @@ static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
         }
     }
     if (o < r1) mm_rows_multi(j, o, r1);
+}
+
+static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    if (j->gemm_pack && r1 - r0 >= ST_GEMM_ROWS) mm_rows_gemm(j, r0, r1);
+    else mm_rows_multi(j, r0, r1);
 }
 
 // Thread ith first takes chunk ith, then claims further chunks from a shared counter: on shared

@@ -86,7 +86,9 @@ float st_vec_dot(st_type type, int64_t n, const void *w, const void *x);
 
 // y[r * ldy + o] = dot(W[o, :], X[r, :]) for o < rows, r < nx. W is rows x n of `type`,
 // row-contiguous; X is nx activation rows quantized to the dot type, x_stride bytes apart.
-// Each weight row is read once for all nx rows. Work is split over the pool by rows of W.
+// Each weight row is read once for all nx rows. Work is split over the pool by rows of W. From
+// 4 activation rows on, types with a GEMM kernel on the path (kernels.h) go 8 weight rows at a
+// time through it.
 typedef struct st_matmul_args {
     st_type type;
     const void *w;      // (rows, n) weights
