@@ -1217,6 +1217,85 @@ AI void q6_K_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const vo
 }
 DEFINE_GEMM(q6_K, q6_K_gemm_rows)
 
+// IQ4_XS, packed per block: qs[8 sub-blocks][8 groups][8 rows][4] (the signed table values);
+// sc[j] the sub-block scales (ls - 32) as int16 pairs (lanes 2r, 2r+1 = row r's scale j); d in
+// f32. Signed x signed: |w| times the activation with w's sign, one scale multiply per group
+// (a group's pair sums reach 2 * 127 * 127, so no int16 sums across groups).
+typedef struct {
+    int8_t qs[8][8][8][4];
+    int16_t sc[8][16];
+    float d[8];
+} gemm_iq4_xs;
+_Static_assert(sizeof(gemm_iq4_xs) == 2336, "gemm_iq4_xs");
+
+static void iq4_xs_gemm_pack(int64_t nb, void *dst, const void *w, size_t rb) {
+    gemm_iq4_xs *p = dst;
+    const __m256i tbl = iq4nl_table();
+    for (int64_t i = 0; i < nb; i++) {
+        const block_iq4_xs *b[8];
+        __m256i sc[8], out[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            b[r] = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * rb) + i;
+            p[i].d[r] = f16(b[r]->d);
+            uint32_t sl;
+            memcpy(&sl, b[r]->scales_l, 4);
+            sc[r] = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)iq4xs_scales8(sl, b[r]->scales_h)));
+        }
+        transpose8x32(sc, out);
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_sub_epi32(out[j], _mm256_set1_epi32(32));
+            _mm256_store_si256((__m256i *)p[i].sc[j], _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)),
+                                                                      _mm256_slli_epi32(v, 16)));
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            __m256i v[8];
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) v[r] = _mm256_shuffle_epi8(tbl, nibbles_32(b[r]->qs + 16 * j));
+            transpose8x32(v, out);
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)p[i].qs[j][g], out[g]);
+        }
+    }
+}
+
+AI void iq4_xs_gemm_rows(int64_t nb, const int NX, float *y, int64_t ldy, const void *pk,
+                         const void *x, size_t xs, bool add) {
+    const gemm_iq4_xs *p = pk;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        #pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            __m256i sc = _mm256_load_si256((const __m256i *)p[i].sc[j]);
+            #pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                __m256i q = _mm256_load_si256((const __m256i *)p[i].qs[j][g]);
+                __m256i aq = _mm256_sign_epi8(q, q);
+                #pragma GCC unroll 4
+                for (int r = 0; r < NX; r++) {
+                    __m256i qy = bcast32(XROW(block_q8_K, r)[i].qs + 32 * j + 4 * g);
+                    __m256i pr = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(qy, q));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(pr, sc));
+                    pin(&sumi[r]);
+                }
+            }
+        }
+        __m256 d = _mm256_load_ps(p[i].d);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NX; r++) {
+            __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(XROW(block_q8_K, r)[i].d));
+            acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NX; r++) gemm_out(y + r * ldy, acc[r], add);
+}
+DEFINE_GEMM(iq4_xs, iq4_xs_gemm_rows)
+
 // ---------------------------------------------------------------------------------------------
 
 #define SET(T, name)                                                                            \
@@ -1237,6 +1316,7 @@ void st_quant_kernels_avx2(st_quant_kernels *k) {
     SET_GEMM(ST_TYPE_Q4_K, q4_K);
     SET_GEMM(ST_TYPE_Q5_K, q5_K);
     SET_GEMM(ST_TYPE_Q6_K, q6_K);
+    SET_GEMM(ST_TYPE_IQ4_XS, iq4_xs);
     SET(ST_TYPE_Q8_0, q8_0);
     SET(ST_TYPE_Q4_0, q4_0);
     SET(ST_TYPE_Q4_1, q4_1);
