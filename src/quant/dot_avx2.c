@@ -158,40 +158,54 @@ DEFINE_DOTS(q5_0, q5_0_rows)
 // ---------------------------------------------------------------------------------------------
 // Q4_1, Q5_1 x Q8_1: unsigned values, plus m * s (s = d_x * sum(q_x))
 
+// Block i of a Q4_1 / Q5_1 row against row r of the activations: acc += d dy * sum(q qy); the
+// {d dy, m sy} pair (both converted in one instruction) is returned for the m term.
+AI __m128 legacy_min_block(const int is_q5, const uint8_t *blk, const block_q8_1 *y, __m256 *acc) {
+    __m256i q;
+    if (is_q5) {
+        const block_q5_1 *b = (const block_q5_1 *)blk;
+        __m256i hb = bits_to_bytes(b->qh);
+        q = _mm256_or_si256(nibbles_32(b->qs), _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+    } else {
+        q = nibbles_32(((const block_q4_1 *)blk)->qs);
+    }
+    uint32_t dm, ds; // the block's d and m, the row's d and s: the first two halves of each
+    memcpy(&dm, blk, 4);
+    memcpy(&ds, y, 4);
+    __m128 t = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_cvtph_ps(_mm_cvtsi32_si128((int)ds)));
+    __m256i p = mul_sum_us8(q, _mm256_loadu_si256((const __m256i *)y->qs));
+    *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(t), _mm256_cvtepi32_ps(p), *acc);
+    return t;
+}
+
 AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, const void *w,
                         const void *x, size_t xs) {
     const int64_t nb = n / 32;
     const uint8_t *wb = w;
     const size_t bsz = is_q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float summ[4] = {0, 0, 0, 0};
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = wb + (size_t)i * bsz;
-        __m256i q;
-        float dw, mw;
-        if (is_q5) {
-            const block_q5_1 *b = (const block_q5_1 *)blk;
-            dw = f16(b->d);
-            mw = f16(b->m);
-            __m256i hb = bits_to_bytes(b->qh);
-            q = _mm256_or_si256(nibbles_32(b->qs), _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-        } else {
-            const block_q4_1 *b = (const block_q4_1 *)blk;
-            dw = f16(b->d);
-            mw = f16(b->m);
-            q = nibbles_32(b->qs);
+    __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    if (NR == 1) { // one row: even and odd blocks in two chains, not one multiply-add latency a block
+        const block_q8_1 *y = x;
+        __m256 acc1 = _mm256_setzero_ps();
+        __m128 accm1 = _mm_setzero_ps();
+        int64_t i = 0;
+        for (; i + 2 <= nb; i += 2) {
+            accm[0] = _mm_add_ps(accm[0], legacy_min_block(is_q5, wb + (size_t)i * bsz, y + i, &acc[0]));
+            accm1 = _mm_add_ps(accm1, legacy_min_block(is_q5, wb + (size_t)(i + 1) * bsz, y + i + 1, &acc1));
         }
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const block_q8_1 *y = XROW(block_q8_1, r) + i;
-            __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-            __m256i p = mul_sum_us8(q, qy);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
-            summ[r] += mw * f16(y->s);
+        if (i < nb) accm[0] = _mm_add_ps(accm[0], legacy_min_block(is_q5, wb + (size_t)i * bsz, y + i, &acc[0]));
+        acc[0] = _mm256_add_ps(acc[0], acc1);
+        accm[0] = _mm_add_ps(accm[0], accm1);
+    } else {
+        for (int64_t i = 0; i < nb; i++) {
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++)
+                accm[r] = _mm_add_ps(accm[r], legacy_min_block(is_q5, wb + (size_t)i * bsz, XROW(block_q8_1, r) + i, &acc[r]));
         }
     }
     #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + summ[r];
+    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + _mm_cvtss_f32(_mm_shuffle_ps(accm[r], accm[r], 1));
 }
 AI void q4_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     legacy_min_rows(0, n, NR, s, w, x, xs);
