@@ -78,20 +78,42 @@ AI __m256i bcast16(__m256i v8x2, int j) {
 // ---------------------------------------------------------------------------------------------
 // Q8_0 x Q8_0
 
+// One row's blocks of 32 run in two accumulation chains (even, odd): with a single chain each
+// block would wait a multiply-add latency (as in the Q4_1 / Q5_1 kernels below).
+#define TWO_CHAINS(nb, BLOCK)                                                                   \
+    do {                                                                                        \
+        __m256 acc1 = _mm256_setzero_ps();                                                      \
+        int64_t i = 0;                                                                          \
+        for (; i + 2 <= (nb); i += 2) {                                                         \
+            BLOCK(i, acc[0]);                                                                   \
+            BLOCK(i + 1, acc1);                                                                 \
+        }                                                                                       \
+        if (i < (nb)) BLOCK(i, acc[0]);                                                         \
+        acc[0] = _mm256_add_ps(acc[0], acc1);                                                   \
+    } while (0)
+
+// acc += dw dy * sum(q qy) for signed weights q (sign trick) and a Q8_0 activation block.
+AI __m256 q8_block_dot(__m256i q, float dw, const block_q8_0 *y, __m256 acc) {
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+    __m256i p = mul_sum_us8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(qy, q));
+    return _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc);
+}
+
 AI void q8_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_q8_0 *b = w;
     const int64_t nb = n / QK8_0;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        __m256i aq = _mm256_sign_epi8(q, q);
-        float dw = f16(b[i].d);
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const block_q8_0 *y = XROW(block_q8_0, r) + i;
-            __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-            __m256i p = mul_sum_us8(aq, _mm256_sign_epi8(qy, q));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
+    if (NR == 1) {
+        const block_q8_0 *y = x;
+#define Q8_BLOCK(j, a) a = q8_block_dot(_mm256_loadu_si256((const __m256i *)b[j].qs), f16(b[j].d), y + (j), a)
+        TWO_CHAINS(nb, Q8_BLOCK);
+#undef Q8_BLOCK
+    } else {
+        for (int64_t i = 0; i < nb; i++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
+            float dw = f16(b[i].d);
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) acc[r] = q8_block_dot(q, dw, XROW(block_q8_0, r) + i, acc[r]);
         }
     }
     #pragma GCC unroll 8
@@ -106,37 +128,43 @@ AI __m256i iq4nl_table(void) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)st_kvalues_iq4nl));
 }
 
-// kind 0: Q4_0, 1: IQ4_NL, 2: Q5_0
+// Block i's 32 signed values and its d. kind 0: Q4_0, 1: IQ4_NL, 2: Q5_0.
+AI __m256i legacy_signed_block(const int kind, const uint8_t *wb, int64_t i, __m256i tbl, float *dw) {
+    if (kind == 2) {
+        const block_q5_0 *b = (const block_q5_0 *)wb + i;
+        *dw = f16(b->d);
+        __m256i hb = bits_to_bytes(b->qh);
+        // 5th bit clear: the value is nibble - 16, i.e. the byte nibble | 0xf0.
+        return _mm256_or_si256(nibbles_32(b->qs), _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xf0)));
+    }
+    const block_q4_0 *b = (const block_q4_0 *)wb + i;
+    *dw = f16(b->d);
+    __m256i q = nibbles_32(b->qs);
+    return kind == 1 ? _mm256_shuffle_epi8(tbl, q) : _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
 AI void legacy_signed_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                            const void *x, size_t xs) {
     const int64_t nb = n / 32;
     const uint8_t *wb = w;
-    const size_t bsz = kind == 2 ? sizeof(block_q5_0) : sizeof(block_q4_0);
     const __m256i tbl = iq4nl_table();
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = wb + (size_t)i * bsz;
-        __m256i q;
-        float dw;
-        if (kind == 2) {
-            const block_q5_0 *b = (const block_q5_0 *)blk;
-            dw = f16(b->d);
-            __m256i hb = bits_to_bytes(b->qh);
-            // 5th bit clear: the value is nibble - 16, i.e. the byte nibble | 0xf0.
-            q = _mm256_or_si256(nibbles_32(b->qs), _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xf0)));
-        } else {
-            const block_q4_0 *b = (const block_q4_0 *)blk;
-            dw = f16(b->d);
-            q = nibbles_32(b->qs);
-            q = kind == 1 ? _mm256_shuffle_epi8(tbl, q) : _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-        }
-        __m256i aq = _mm256_sign_epi8(q, q);
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const block_q8_0 *y = XROW(block_q8_0, r) + i;
-            __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-            __m256i p = mul_sum_us8(aq, _mm256_sign_epi8(qy, q));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc[r]);
+    if (NR == 1) {
+        const block_q8_0 *y = x;
+#define SIGNED_BLOCK(j, a)                                                                      \
+    do {                                                                                        \
+        float dw;                                                                               \
+        __m256i q = legacy_signed_block(kind, wb, j, tbl, &dw);                                  \
+        a = q8_block_dot(q, dw, y + (j), a);                                                    \
+    } while (0)
+        TWO_CHAINS(nb, SIGNED_BLOCK);
+#undef SIGNED_BLOCK
+    } else {
+        for (int64_t i = 0; i < nb; i++) {
+            float dw;
+            __m256i q = legacy_signed_block(kind, wb, i, tbl, &dw);
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) acc[r] = q8_block_dot(q, dw, XROW(block_q8_0, r) + i, acc[r]);
         }
     }
     #pragma GCC unroll 8
