@@ -286,38 +286,39 @@ AI void q45k_rows(const int is_q5, int64_t n, const int NR, float *s, const void
         __m256i sc;
         __m128i mins;
         kq_scales(b4->scales, &sc, &mins);
-        __m256i q[8];
         __m256i hb = is_q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh)
                            : _mm256_setzero_si256();
-        #pragma GCC unroll 8
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        // Sub-block pairs outermost: each pair's values and scales serve every row while in
+        // registers (eight pairs' worth held for the row loop spilled at one row).
+        #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            q[2 * j] = _mm256_and_si256(v, m4);
-            q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i q[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
             if (is_q5) {
                 // Bit s of qh[l] is the 5th bit of element 32s + l.
-                #pragma GCC unroll 8
+                #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     __m256i bit = _mm256_and_si256(hb, _mm256_set1_epi8(1));
-                    q[2 * j + h] = _mm256_or_si256(q[2 * j + h], _mm256_slli_epi16(bit, 4));
+                    q[h] = _mm256_or_si256(q[h], _mm256_slli_epi16(bit, 4));
                     hb = _mm256_srli_epi16(hb, 1);
                 }
             }
+            __m256i s0 = bcast16(sc, 2 * j), s1 = bcast16(sc, 2 * j + 1);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const block_q8_K *y = XROW(block_q8_K, r) + i;
+                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[0], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j))), s0);
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[1], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j + 32))), s1);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
+            }
         }
-        __m256i scj[8];
-        #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) scj[j] = bcast16(sc, j);
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m256i sumi = _mm256_setzero_si256();
-            #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j));
-                __m256i p = _mm256_maddubs_epi16(q[j], qy);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scj[j]));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            __m256i sumi_r = sumi[r];
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi_r), acc[r]);
             __m128i pm = kq_min_dot(mins, y->bsums);
             accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * y->d), _mm_cvtepi32_ps(pm), accm[r]);
         }
