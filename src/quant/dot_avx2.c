@@ -347,36 +347,44 @@ AI void q6_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         float d = f16(b[i].d);
         __m128i sc8 = _mm_loadu_si128((const __m128i *)b[i].scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i q[8], scp[8];
-        #pragma GCC unroll 8
+        // Each row's sum starts with the -32 offset: -32 * sum(scale * bsum).
+        __m256i sumi[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+        }
+        // Halves outermost: each half's values and scales serve every row while in registers.
+        #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
-            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
-            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            #pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                // Vector t = 4h + u covers sub-blocks 2t and 2t+1 (16 elements each): int16 scales 8 + 8.
+                int t = 4 * h + u;
+                __m128i ctl = _mm_set_epi64x(0x0101010101010101LL * (2 * t + 1), 0x0101010101010101LL * (2 * t));
+                __m256i scp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctl));
+                #pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const block_q8_K *y = XROW(block_q8_K, r) + i;
+                    __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q[u], qy), scp));
+                }
+            }
         }
-        // Vector t covers sub-blocks 2t and 2t+1 (16 elements each): int16 scales 8 + 8.
-        #pragma GCC unroll 8
-        for (int t = 0; t < 8; t++) {
-            __m128i ctl = _mm_set_epi64x(0x0101010101010101LL * (2 * t + 1), 0x0101010101010101LL * (2 * t));
-            scp[t] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctl));
-        }
-        #pragma GCC unroll 8
+        #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
-            __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
-            sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
-            #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
     #pragma GCC unroll 8
