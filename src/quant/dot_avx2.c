@@ -469,26 +469,26 @@ AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
         __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(15));
         __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
-        __m256i q[8], scp[8];
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        // Vectors outermost: each one's values and scales serve every row while in registers.
         #pragma GCC unroll 8
-        for (int h = 0; h < 2; h++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
-            #pragma GCC unroll 8
-            for (int j = 0; j < 4; j++) q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+        for (int t = 0; t < 8; t++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * (t / 4)));
+            __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (t % 4)), m3);
+            __m256i scp = pair_scales(sc8, t);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const block_q8_K *y = XROW(block_q8_K, r) + i;
+                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), scp));
+            }
         }
-        #pragma GCC unroll 8
-        for (int t = 0; t < 8; t++) scp[t] = pair_scales(sc8, t);
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m256i sumi = _mm256_setzero_si256();
-            #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
-            }
             __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y->bsums));
-            __m256 f = _mm256_fmsub_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi),
+            __m256 f = _mm256_fmsub_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]),
                                        _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(msum)));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d), f, acc[r]);
         }
