@@ -522,32 +522,35 @@ AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         __m128i sc8 = q3k_scales8(b[i].scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
-        __m256i q[8], scp[8];
-        // Element 128h + 32j + l: 2 bits from qs[32h + l] >> 2j, the 3rd from hmask bit 4h + j;
-        // stored unsigned (q + 4), the 4 * sum(scale * bsum) correction comes per row.
-        #pragma GCC unroll 8
-        for (int h = 0; h < 2; h++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
-            #pragma GCC unroll 8
-            for (int j = 0; j < 4; j++) {
-                __m256i hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
-                hm = _mm256_srli_epi16(hm, 1);
-                q[4 * h + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3), hb);
-            }
-        }
-        #pragma GCC unroll 8
-        for (int t = 0; t < 8; t++) scp[t] = pair_scales(sc8, t);
-        #pragma GCC unroll 8
+        // Each row's sum starts with the correction for the values being stored unsigned.
+        __m256i sumi[4];
+        #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
             __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
-            __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
-            #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
+            sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+        }
+        // Element 128h + 32j + l: 2 bits from qs[32h + l] >> 2j, the 3rd from hmask bit 4h + j;
+        // stored unsigned (q + 4). Vectors outermost: each one's values and scales serve every
+        // row while in registers.
+        #pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * (t / 4)));
+            __m256i hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
+            hm = _mm256_srli_epi16(hm, 1);
+            __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * (t % 4)), m3), hb);
+            __m256i scp = pair_scales(sc8, t);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const block_q8_K *y = XROW(block_q8_K, r) + i;
                 __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * t));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], qy), scp[t]));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), scp));
             }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const block_q8_K *y = XROW(block_q8_K, r) + i;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
     #pragma GCC unroll 8
