@@ -610,8 +610,28 @@ AI __m128i iq2_scales16(const uint8_t *scales) {
     return _mm_add_epi8(_mm_add_epi8(x, x), _mm_set1_epi8(1));
 }
 
-// sc16: iq2_scales16 of the block for IQ2_XS / IQ2_S (unused otherwise).
-AI void iq_group(const int kind, const void *blk, __m128i sc16, int g, __m256i *grid, __m256i *sgn,
+// IQ2_XS: the block's 32 sign bytes (7 stored bits plus the bit that makes the count of set
+// bits even) from a few vector operations (nibble parities by a table shuffle), for signs32;
+// four table loads and inserts a group cost more (0.70 of ggml's speed against 1.00, one core).
+AI __m256i iq2xs_sign_bytes(const uint16_t *qs) {
+    const __m256i par4 = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1,
+                                          1, 0, 0, 1, 0, 1, 1, 0);
+    const __m256i m4 = _mm256_set1_epi16(15);
+    __m256i v[2];
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256i k = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(qs + 16 * h)), 9); // 0..127
+        __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(par4, _mm256_and_si256(k, m4)),
+                                       _mm256_shuffle_epi8(par4, _mm256_srli_epi16(k, 4)));
+        v[h] = _mm256_or_si256(k, _mm256_slli_epi16(par, 7));
+    }
+    // packus interleaves the halves by 64 bits: put the 32 bytes back in order.
+    return _mm256_permute4x64_epi64(_mm256_packus_epi16(v[0], v[1]), 0xD8);
+}
+
+// sc16: iq2_scales16 of the block for IQ2_XS / IQ2_S, sb: the group's four sign bytes for
+// IQ2_XS (both unused otherwise).
+AI void iq_group(const int kind, const void *blk, __m128i sc16, uint32_t sb, int g, __m256i *grid, __m256i *sgn,
                  __m256i *sc) {
     if (kind == IQ2_XXS) {
         const block_iq2_xxs *b = blk;
@@ -623,6 +643,12 @@ AI void iq_group(const int kind, const void *blk, __m128i sc16, int g, __m256i *
         *sgn = set_u64x4(ksign8[aux & 127], ksign8[(aux >> 7) & 127], ksign8[(aux >> 14) & 127],
                          ksign8[(aux >> 21) & 127]);
         *sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+    } else if (kind == IQ2_XS) {
+        const uint16_t *q = ((const block_iq2_xs *)blk)->qs + 4 * g; // low 9 bits: grid index
+        *grid = set_u64x4(st_iq2xs_grid[q[0] & 511], st_iq2xs_grid[q[1] & 511], st_iq2xs_grid[q[2] & 511],
+                          st_iq2xs_grid[q[3] & 511]);
+        *sgn = signs32(sb);
+        *sc = pair_scales(sc16, g);
     } else if (kind == IQ2_S) {
         const block_iq2_s *b = blk;
         const uint8_t *q = b->qs + 4 * g, *sg = b->qs + QK_K / 8 + 4 * g;
@@ -668,13 +694,17 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
         st_f16 dh;
         memcpy(&dh, blk, 2); // every IQ2/IQ3 block starts with d
         float d = f16(dh) * factor;
-        __m128i sc16 = kind == IQ2_S ? iq2_scales16(((const block_iq2_s *)blk)->scales) : _mm_setzero_si128();
+        __m128i sc16 = kind == IQ2_XS ? iq2_scales16(((const block_iq2_xs *)blk)->scales)
+                     : kind == IQ2_S ? iq2_scales16(((const block_iq2_s *)blk)->scales)
+                                     : _mm_setzero_si128();
+        uint32_t sb[8] = {0};
+        if (kind == IQ2_XS) _mm256_storeu_si256((__m256i *)sb, iq2xs_sign_bytes(((const block_iq2_xs *)blk)->qs));
         __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                            _mm256_setzero_si256()};
         #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) { // group-major: a group's grid, signs and scales serve every row
             __m256i grid, sgn, sc;
-            iq_group(kind, blk, sc16, g, &grid, &sgn, &sc);
+            iq_group(kind, blk, sc16, sb[g], g, &grid, &sgn, &sc);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const block_q8_K *y = XROW(block_q8_K, r) + i;
@@ -691,62 +721,7 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
-// IQ2_XS on its own: the generic form builds each group's signs from four table loads and
-// inserts. Here the block's 32 sign bytes (7 stored bits plus the bit that makes the count of
-// set bits even) come from a few vector operations (nibble parities by a table shuffle), and a
-// group's 32 +-1 bytes from its 4 sign bytes by a shuffle, a mask and a compare. Groups are the
-// outer loop, so a group's grid, signs and scales are used by every row while in registers.
-AI __m256i iq2xs_sign_bytes(const uint16_t *qs) {
-    const __m256i par4 = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1,
-                                          1, 0, 0, 1, 0, 1, 1, 0);
-    const __m256i m4 = _mm256_set1_epi16(15);
-    __m256i v[2];
-    #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        __m256i k = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(qs + 16 * h)), 9); // 0..127
-        __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(par4, _mm256_and_si256(k, m4)),
-                                       _mm256_shuffle_epi8(par4, _mm256_srli_epi16(k, 4)));
-        v[h] = _mm256_or_si256(k, _mm256_slli_epi16(par, 7));
-    }
-    // packus interleaves the halves by 64 bits: put the 32 bytes back in order.
-    return _mm256_permute4x64_epi64(_mm256_packus_epi16(v[0], v[1]), 0xD8);
-}
 
-AI void iq2_xs_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
-    const block_iq2_xs *b = w;
-    const int64_t nb = n / QK_K;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        float d = f16(b[i].d) * 0.125f; // the odd scales are 2s+1; the format's 1/8 applied once
-        __m128i sc16 = iq2_scales16(b[i].scales);
-        uint32_t sb[8];
-        _mm256_storeu_si256((__m256i *)sb, iq2xs_sign_bytes(b[i].qs));
-        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                           _mm256_setzero_si256()};
-        #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            const uint16_t *q = b[i].qs + 4 * g;
-            __m256i grid = set_u64x4(st_iq2xs_grid[q[0] & 511], st_iq2xs_grid[q[1] & 511],
-                                     st_iq2xs_grid[q[2] & 511], st_iq2xs_grid[q[3] & 511]);
-            __m256i sgn = signs32(sb[g]);
-            __m256i sc = pair_scales(sc16, g);
-            #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const block_q8_K *y = XROW(block_q8_K, r) + i;
-                __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), sgn);
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, qy), sc));
-            }
-        }
-        #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            const block_q8_K *y = XROW(block_q8_K, r) + i;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
-}
-DEFINE_DOTS(iq2_xs, iq2_xs_rows)
 
 #define IQ_ROWS(name, kind)                                                                     \
     AI void name##_rows(int64_t n, const int NR, float *s, const void *w, const void *x,       \
@@ -755,6 +730,7 @@ DEFINE_DOTS(iq2_xs, iq2_xs_rows)
     }                                                                                           \
     DEFINE_DOTS(name, name##_rows)
 IQ_ROWS(iq2_xxs, IQ2_XXS)
+IQ_ROWS(iq2_xs, IQ2_XS)
 IQ_ROWS(iq2_s, IQ2_S)
 IQ_ROWS(iq3_xxs, IQ3_XXS)
 IQ_ROWS(iq3_s, IQ3_S)
