@@ -5,17 +5,20 @@
 #   tar xJf .pack/gpu-pack.tar.xz && STRATA_GPU_BUILD=gpu-pack tests/gpu/run.sh
 # carrying .pack and .whl (and .tok, the Qwen3 tokenizer, for the 30b / 80b benchmarks).
 #
-#   tests/gpu/pack.sh [BUILD_DIR] [WHAT...]   (default build-cuda, configured here for sm_90 if new)
+#   tests/gpu/pack.sh [BUILD_DIR] [WHAT...]   (default build-pack, configured here for sm_90 if new,
+#                                             with the kernels in a shared st_backend carried once)
 # WHAT: strata, cuda-tests (test_cuda_*), a test binary by name (test_cuda_quant), cpu-tests (the CPU tests small enough to carry; those
-# linking the whole engine, such as the server's, run in CI); default all three. Each CUDA binary
-# holds the kernels (~12 MB compressed), so a pack of all may not fit the 64 MiB that travels.
+# linking the whole engine, such as the server's, run in CI); default all three. A build with a
+# static st_backend puts the kernels (~12 MB compressed) into each CUDA binary, so a pack of
+# several may not fit the 64 MiB that travels; the default build shares them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-B=${1:-build-cuda}
+B=${1:-build-pack}
 shift || true
 WHAT=" ${*:-strata cuda-tests cpu-tests} "
 if [ ! -f "$B/CMakeCache.txt" ]; then
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" >/dev/null
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" \
+    -DSTRATA_SHARED_BACKEND=ON >/dev/null
 fi
 cmake --build "$B" -j"$(nproc)"
 rm -rf gpu-pack && mkdir -p gpu-pack/lib
