@@ -1,4 +1,7 @@
-// quant: AVX-512 (F/BW/VL/DQ/VNNI) dot and dot_multi kernels, laid over the AVX2 table. Same
+// quant: AVX-512 (F/BW/VL/DQ/VNNI) dot and dot_multi kernels, laid over the AVX2 table for the
+// types where they measured faster on the H200 machine's Xeon. The 32-element types (Q8_0, Q4_0,
+// Q5_0, Q4_1, Q5_1, IQ4_NL) keep AVX2's: a two-blocks-per-zmm form measured 10-20% slower there
+// (16 threads, 1200 MiB: 78 / 48 / 50 GB/s against 89 / 60 / 60 for Q8_0 / Q4_0 / Q5_0). Same
 // structure as dot_avx2.c: a row routine templated on 1..4 activation rows; a zmm covers 64
 // elements (two 32-element blocks or sub-blocks); int16 pair sums are scaled and accumulated
 // with VNNI's vpdpwssd, signed x signed products use |w| and a masked negation of x.
@@ -35,28 +38,11 @@ AI __m512i join256(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// Scale vector: lanes 0..7 = a, 8..15 = b.
-AI __m512 scale2(float a, float b) {
-    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
-}
-
-// sum of 4 products per int32 lane, signed w times signed x: |w| * (x negated where w < 0).
-AI __m512i dot_ss8(__m512i acc, __m512i aw, __mmask64 neg, __m512i y) {
-    return _mm512_dpbusd_epi32(acc, aw, _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y));
-}
-
 // 16 packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
 AI __m256i nibbles_32(const uint8_t *qs) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-}
-
-// 32 bits -> mask of 32 bytes.
-AI __mmask32 bits32(const uint8_t *p) {
-    uint32_t x32;
-    memcpy(&x32, p, 4);
-    return (__mmask32)x32;
 }
 
 // int16 vector whose lane L holds v[idx(L)], for scale broadcasting: each group of `span`
@@ -87,69 +73,6 @@ AI __m512i spread16(__m512i v, int first, int span) {
 #define XROW(T, r) ((const T *)((const uint8_t *)x + (size_t)(r) * xs))
 #define ZERO4_PS {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}
 
-// ---------------------------------------------------------------------------------------------
-// 32-element blocks against Q8_0 (signed: Q8_0, Q4_0, Q5_0). Two blocks per zmm; an odd last
-// block is padded with a zero weight block. Q4_1, Q5_1 and IQ4_NL use the AVX2 kernels: on the
-// Xeon of the H200 machine they were faster than this form (16 threads, 768x2048: 59 / 60 / 66
-// GB/s against 46 / 52 / 55; 1200 MiB: 47 / 52 / 63 against 47 / 49 / 50).
-
-enum { K_Q8_0, K_Q4_0, K_Q5_0 };
-
-// Block i's 32 signed values and its d.
-AI __m256i legacy_block(const int kind, const uint8_t *w, int64_t i, float *d) {
-    if (kind == K_Q8_0) {
-        const block_q8_0 *b = (const block_q8_0 *)w + i;
-        *d = f16(b->d);
-        return _mm256_loadu_si256((const __m256i *)b->qs);
-    }
-    if (kind == K_Q4_0) {
-        const block_q4_0 *b = (const block_q4_0 *)w + i;
-        *d = f16(b->d);
-        return _mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8));
-    }
-    const block_q5_0 *b = (const block_q5_0 *)w + i;
-    *d = f16(b->d);
-    // 5th bit clear: value = nibble - 16 (the byte nibble | 0xf0).
-    return _mm256_mask_blend_epi8(bits32(b->qh), _mm256_or_si256(nibbles_32(b->qs), _mm256_set1_epi8((char)0xf0)),
-                                  nibbles_32(b->qs));
-}
-
-AI void legacy_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
-                    const void *x, size_t xs) {
-    const int64_t nb = n / 32;
-    __m512 acc[4] = ZERO4_PS;
-    for (int64_t i = 0; i < nb; i += 2) {
-        const bool pair = i + 1 < nb;
-        float d0 = 0, d1 = 0;
-        __m256i q0 = legacy_block(kind, w, i, &d0);
-        __m256i q1 = pair ? legacy_block(kind, w, i + 1, &d1) : _mm256_setzero_si256();
-        __m512i q = join256(q0, q1);
-        __m512i aq = _mm512_abs_epi8(q);
-        __mmask64 neg = _mm512_movepi8_mask(q);
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const block_q8_0 *y0 = XROW(block_q8_0, r) + i;
-            __m256i y0q = _mm256_loadu_si256((const __m256i *)y0[0].qs);
-            __m256i y1q = pair ? _mm256_loadu_si256((const __m256i *)y0[1].qs) : _mm256_setzero_si256();
-            __m512i p = dot_ss8(_mm512_setzero_si512(), aq, neg, join256(y0q, y1q));
-            float dy0 = f16(y0[0].d);
-            float dy1 = pair ? f16(y0[1].d) : 0.0f;
-            acc[r] = _mm512_fmadd_ps(scale2(d0 * dy0, d1 * dy1), _mm512_cvtepi32_ps(p), acc[r]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum512(acc[r]);
-}
-
-#define LEGACY(name, kind)                                                                      \
-    AI void name##_rows(int64_t n, const int NR, float *s, const void *w, const void *x,       \
-                        size_t xs) {                                                            \
-        legacy_rows(kind, n, NR, s, w, x, xs);                                                  \
-    }                                                                                           \
-    DEFINE_DOTS(name, name##_rows)
-LEGACY(q8_0, K_Q8_0)
-LEGACY(q4_0, K_Q4_0)
-LEGACY(q5_0, K_Q5_0)
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K, Q5_K x Q8_K. zmm j holds sub-blocks 2j (low nibbles) and 2j+1 (high nibbles).
@@ -579,9 +502,6 @@ DEFINE_DOTS(bf16, bf16_rows)
     } while (0)
 
 void st_quant_kernels_avx512(st_quant_kernels *k) {
-    SET(ST_TYPE_Q8_0, q8_0);
-    SET(ST_TYPE_Q4_0, q4_0);
-    SET(ST_TYPE_Q5_0, q5_0);
     SET(ST_TYPE_Q4_K, q4_K);
     SET(ST_TYPE_Q5_K, q5_K);
     SET(ST_TYPE_Q6_K, q6_K);
