@@ -15,6 +15,7 @@
 // F16 / F32: one thread per value; which of K and V is blockIdx.y.
 __global__ void kv_store_plain_kernel(st_kv_layer kv, const int32_t *pos_dev, const float *k, const float *v,
                                       int n, int nv) {
+    st_pdl_begin();
     const float *src = blockIdx.y ? v : k;
     char *base = (char *)(blockIdx.y ? kv.v : kv.k);
     int pos0 = *pos_dev;
@@ -31,6 +32,7 @@ __global__ void kv_store_plain_kernel(st_kv_layer kv, const int32_t *pos_dev, co
 // from zero, exactly as the CPU quantizer (same float operations, IEEE division).
 __global__ void kv_store_q8_kernel(st_kv_layer kv, const int32_t *pos_dev, const float *k, const float *v,
                                    int n, int nv) {
+    st_pdl_begin();
     const float *src = blockIdx.y ? v : k;
     char *base = (char *)(blockIdx.y ? kv.v : kv.k);
     int pos0 = *pos_dev, lane = threadIdx.x & 31, nb = nv / QK8_0;
@@ -185,6 +187,7 @@ __device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
 
 template <int EPL, int QPW>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
+    st_pdl_begin();
     typedef attn_shape<EPL, QPW> S;
     constexpr int D = S::D, TK = S::TK, HALF = S::HALF, KST = S::KST, QB = S::QB;
     extern __shared__ float4 sm4[];
@@ -406,6 +409,7 @@ __device__ float attn_block_reduce(float v, bool is_max, float *red) {
 
 __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const int32_t *pos_dev, int n, int align) {
+    st_pdl_begin();
     __shared__ float fs[256];                    // e^{m_s − M}
     __shared__ float sums[ATTN_COMBINE_THREADS]; // (groups, D) partial sums
     __shared__ float red[32];
@@ -461,10 +465,10 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     if (S::smem > 48 * 1024) // above the default limit: opt in (a function attribute, fine while recording)
         ST_CU(c, cudaFuncSetAttribute(attn_kernel<EPL, QPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
     dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
-    attn_kernel<EPL, QPW><<<grid, ATTN_WARPS * 32, S::smem, c->stream>>>(*p);
+    st_launch(c, attn_kernel<EPL, QPW>, grid, ATTN_WARPS * 32, S::smem, *p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1 && !p->counters) {
-        attn_combine_kernel<<<p->n * p->H, ATTN_COMBINE_THREADS, 0, c->stream>>>(p->part, p->out, p->n * p->H, S::D,
+        st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, S::D,
                                                                                    ns, p->pos_dev, p->n, p->min_chunk);
         ST_CU_LAUNCHED(c, "attention combine");
     }
@@ -569,6 +573,7 @@ __device__ __forceinline__ void tc_load_tile(__half *dst, const void *cache, con
 
 template <int D, int BK>
 __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
+    st_pdl_begin();
 #ifdef ST_ATTN_TC_DEVICE
     typedef tc_shape<D, BK> S;
     constexpr int ST = S::ST, NT = BK / 8, DT = D / 8;
@@ -766,10 +771,10 @@ static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
     }
     ST_CU(c, cudaFuncSetAttribute(attn_tc_kernel<D, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
     dim3 grid((unsigned)qt, (unsigned)n_head_kv, (unsigned)ns);
-    attn_tc_kernel<D, BK><<<grid, TC_WARPS * 32, S::smem, c->stream>>>(*p);
+    st_launch(c, attn_tc_kernel<D, BK>, grid, TC_WARPS * 32, S::smem, *p);
     ST_CU_LAUNCHED(c, "attention (tensor cores)");
     if (ns > 1) {
-        attn_combine_kernel<<<p->n * p->H, ATTN_COMBINE_THREADS, 0, c->stream>>>(p->part, p->out, p->n * p->H, D, ns,
+        st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, D, ns,
                                                                                    p->pos_dev, p->n, BK);
         ST_CU_LAUNCHED(c, "attention combine");
     }
@@ -844,11 +849,11 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
         int64_t blocks = (int64_t)a->n * (nv / QK8_0);
         int64_t grid = (blocks + 7) / 8;
         dim3 g((unsigned)(grid > 65535 ? 65535 : grid), 2);
-        kv_store_q8_kernel<<<g, 256, 0, c->stream>>>(*kv, a->pos_dev, a->k, a->v, a->n, nv);
+        st_launch(c, kv_store_q8_kernel, g, 256, 0, *kv, a->pos_dev, a->k, a->v, a->n, nv);
     } else {
         int64_t grid = ((int64_t)a->n * nv + 255) / 256;
         dim3 g((unsigned)(grid > 65535 ? 65535 : grid), 2);
-        kv_store_plain_kernel<<<g, 256, 0, c->stream>>>(*kv, a->pos_dev, a->k, a->v, a->n, nv);
+        st_launch(c, kv_store_plain_kernel, g, 256, 0, *kv, a->pos_dev, a->k, a->v, a->n, nv);
     }
     if (!fuse) ST_CU_LAUNCHED(c, "kv store");
 

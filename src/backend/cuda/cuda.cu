@@ -145,6 +145,7 @@ static void cuda_wait_copies(st_backend *b) {
 // address works here): publish writes into it directly, every thread's writes fenced to the
 // system before thread 0 raises the flag, so a host that sees the flag sees the data.
 __global__ void hand_publish_kernel(st_hand_args h) {
+    st_pdl_begin();
     int t = threadIdx.x, na = h.n * h.k;
     bool miss = false;
     for (int a = t; a < na; a += blockDim.x) {
@@ -168,6 +169,7 @@ __global__ void hand_publish_kernel(st_hand_args h) {
 }
 
 __global__ void hand_collect_kernel(st_hand_args h) {
+    st_pdl_begin();
     if (!*h.need) return;
     if (threadIdx.x == 0) {
         uint32_t want = *h.seq;
@@ -188,13 +190,13 @@ __global__ void hand_collect_kernel(st_hand_args h) {
 
 static void cuda_hand_publish(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
-    hand_publish_kernel<<<1, 256, 0, c->stream>>>(*h);
+    st_launch(c, hand_publish_kernel, 1, 256, 0, *h);
     ST_CU_LAUNCHED(c, "hand_publish_kernel");
 }
 
 static void cuda_hand_collect(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
-    hand_collect_kernel<<<1, 1024, 0, c->stream>>>(*h);
+    st_launch(c, hand_collect_kernel, 1, 1024, 0, *h);
     ST_CU_LAUNCHED(c, "hand_collect_kernel");
 }
 
@@ -477,6 +479,7 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     st_status s = ST_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
+    c->pdl = e == cudaSuccess && c->prop.major >= 9 && !env_is("STRATA_CUDA_PDL", "0");
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copies, cudaEventDisableTiming);
     if (e != cudaSuccess) s = st_fail(ST_ERR_IO, "GPU %d: cannot start: %s", device, cudaGetErrorString(e));

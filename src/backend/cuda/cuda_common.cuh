@@ -35,6 +35,7 @@ typedef struct st_cuda {
     st_status err;               // first error since the last sync (ops are void)
     char err_msg[512];
     bool capturing;              // recording a graph: no allocation, no synchronization
+    bool pdl;                    // programmatic dependent launch (Hopper and newer; st_launch)
     cudaEvent_t copies;          // recorded after each to_host_async copy
     unsigned scratch_gen;        // bumped when a scratch buffer moves: older recordings are stale
     void *scratch[ST_SCR_COUNT];
@@ -53,6 +54,39 @@ void st_cuda_fail_msg(st_cuda *c, const char *file, int line, const char *fmt, .
     } while (0)
 // After a kernel launch: a bad configuration shows up here.
 #define ST_CU_LAUNCHED(c, what) ST_CU(c, cudaPeekAtLastError())
+
+// Programmatic dependent launch (sm_90 and newer): st_launch lets a kernel's blocks start while
+// the kernel before it on the stream finishes, so the launch and the block set-up of one overlap
+// the tail of the other (decode runs ~16 small kernels a layer). Every kernel therefore calls
+// st_pdl_begin() before it touches memory that an earlier kernel writes or reads: it waits until
+// the earlier kernels have completed and their writes are visible, then lets the next kernel's
+// blocks launch. Reads of data no kernel writes (weights) may come before it. A no-op on older
+// cards and when the kernel was launched without the attribute.
+__device__ __forceinline__ void st_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Launches kernel k on c->stream (with programmatic dependent launch when c->pdl); a failed
+// launch is kept as the backend's error. Arguments convert implicitly to the kernel's parameter
+// types, as in a call (a null pointer is nullptr here: NULL would arrive as an integer).
+template <typename T> static inline T st_arg(T v) { return v; }
+template <typename... P, typename... A>
+static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    ST_CU(c, cudaLaunchKernelEx(&cfg, k, st_arg<P>(args)...));
+}
 
 // A scratch buffer of at least `bytes` (contents undefined). Grows outside graph recording
 // only; a window's first run is never recorded, so recordings see buffers already grown.

@@ -19,6 +19,7 @@
 
 template <int EPL, int R>
 __global__ void __launch_bounds__(GDN_STEP_WARPS * 32) gdn_step_kernel(st_gdn_args a) {
+    st_pdl_begin();
     constexpr int D = EPL * 32;
     int j = blockIdx.y, lane = threadIdx.x & 31;
     int v0 = (blockIdx.x * GDN_STEP_WARPS + (threadIdx.x >> 5)) * R; // this warp's first value row
@@ -102,7 +103,7 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
     dim3 grid((unsigned)((a->d + rows_per_block - 1) / rows_per_block), (unsigned)a->h_v);
     dim3 block(GDN_STEP_WARPS * 32);
     switch (a->d / 32) {
-#define CASE(E) case E: gdn_step_kernel<E, GDN_STEP_ROWS><<<grid, block, 0, c->stream>>>(*a); break;
+#define CASE(E) case E: st_launch(c, gdn_step_kernel<E, GDN_STEP_ROWS>, grid, block, 0, *a); break;
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
@@ -173,6 +174,7 @@ __device__ __forceinline__ void gdn_load_gates(float *gam, float *bet, const st_
 // diagonal.
 template <int D>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_prep_kernel(st_gdn_args a, float *tm) {
+    st_pdl_begin();
     static_assert(GC == 64 && GDN_CHUNK_THREADS == 256, "the micro-tiles below assume these");
     constexpr int KP = D + 4;
     extern __shared__ float4 gdn_sm4[];
@@ -266,6 +268,7 @@ __global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_prep_kernel(st_gdn_args
 // thread (sv, sx) owns state row sv, columns 4 sx + 64 m + {0..3} of the update.
 template <int D>
 __global__ void __launch_bounds__(GDN_CHUNK_THREADS) gdn_chunk_kernel(st_gdn_args a, const float *tm) {
+    st_pdl_begin();
     static_assert(GC == 64 && GSV == 16 && GDN_CHUNK_THREADS == 256 && D % 64 == 0, "the tiles below assume these");
     constexpr int KP = D + 4, SM = D / 64;
     extern __shared__ float4 gdn_sm4[];
@@ -407,9 +410,9 @@ void st_cuda_gdn_chunked(st_backend *b, const st_gdn_args *a) {
     if (!tm) return; // the error is kept
     ST_CU(c, cudaFuncSetAttribute(gdn_prep_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)psmem));
     ST_CU(c, cudaFuncSetAttribute(gdn_chunk_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gdn_prep_kernel<128><<<dim3((unsigned)nch, (unsigned)a->h_v), GDN_CHUNK_THREADS, psmem, c->stream>>>(*a, tm);
+    st_launch(c, gdn_prep_kernel<128>, dim3((unsigned)nch, (unsigned)a->h_v), GDN_CHUNK_THREADS, psmem, *a, tm);
     ST_CU_LAUNCHED(c, "gdn_chunked prep");
     dim3 grid((unsigned)(a->d / GSV), (unsigned)a->h_v);
-    gdn_chunk_kernel<128><<<grid, GDN_CHUNK_THREADS, smem, c->stream>>>(*a, tm);
+    st_launch(c, gdn_chunk_kernel<128>, grid, GDN_CHUNK_THREADS, smem, *a, tm);
     ST_CU_LAUNCHED(c, "gdn_chunked");
 }

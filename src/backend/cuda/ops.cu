@@ -69,6 +69,7 @@ static unsigned grid_for(int64_t n) {
 
 // One warp per row (short rows: head-sized norms over thousands of rows).
 __global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, int n, int d, float eps) {
+    st_pdl_begin();
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return;
     const float *xr = x + (size_t)row * d;
@@ -90,6 +91,7 @@ __global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, in
 
 __global__ void rmsnorm_row_kernel(float *x, const float *y, const float *w, float *out, int d, float eps,
                                    bool vec4) {
+    st_pdl_begin();
     size_t off = (size_t)blockIdx.x * d;
     float *xr = x + off, *nr = out + off;
     const float *yr = y ? y + off : NULL;
@@ -153,14 +155,14 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 static void rmsnorm_rows(st_cuda *c, float *x, const float *y, const float *w, float *out, int n, int d, float eps) {
     bool vec4 = (d & 3) == 0 && aligned16(x) && (!y || aligned16(y)) && aligned16(out) && (!w || aligned16(w));
     int threads = d >= 4096 ? 256 : 128;
-    rmsnorm_row_kernel<<<n, threads, 0, c->stream>>>(x, y, w, out, d, eps, vec4);
+    st_launch(c, rmsnorm_row_kernel, n, threads, 0, x, y, w, out, d, eps, vec4);
 }
 
 void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || d <= 0) return;
     // Short rows (head-sized norms over many rows): a warp each. x is only read below (no y).
-    if (d < 1024) rmsnorm_warp_kernel<<<(n + 7) / 8, 256, 0, c->stream>>>(x, w, y, n, d, eps);
+    if (d < 1024) st_launch(c, rmsnorm_warp_kernel, (n + 7) / 8, 256, 0, x, w, y, n, d, eps);
     else rmsnorm_rows(c, (float *)x, NULL, w, y, n, d, eps);
     ST_CU_LAUNCHED(c, "rmsnorm");
 }
@@ -174,6 +176,7 @@ void st_cuda_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w
 }
 
 __global__ void l2norm_kernel(float *x, int n, int d, float eps, float scale) {
+    st_pdl_begin();
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return;
     float *xr = x + (size_t)row * d;
@@ -187,7 +190,7 @@ __global__ void l2norm_kernel(float *x, int n, int d, float eps, float scale) {
 void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || d <= 0) return;
-    l2norm_kernel<<<(n + 7) / 8, 256, 0, c->stream>>>(x, n, d, eps, scale);
+    st_launch(c, l2norm_kernel, (n + 7) / 8, 256, 0, x, n, d, eps, scale);
     ST_CU_LAUNCHED(c, "l2norm");
 }
 
@@ -199,6 +202,7 @@ void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scal
 #define ROPE_THREADS 256
 
 __global__ void rope_kernel(float *x, int n_head, int head_dim, int n_rot, const int32_t *pos, float base, int hpb) {
+    st_pdl_begin();
     extern __shared__ float cs[]; // (half) cos, then (half) sin
     int i = blockIdx.x, half = n_rot / 2;
     int h0 = blockIdx.y * hpb, nh = min(n_head - h0, hpb);
@@ -236,7 +240,7 @@ void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int 
     if (n <= 0 || n_head <= 0 || n_rot < 2) return;
     int half = n_rot / 2, hpb = half >= ROPE_THREADS ? 1 : ROPE_THREADS / half;
     dim3 grid((unsigned)n, (unsigned)((n_head + hpb - 1) / hpb));
-    rope_kernel<<<grid, ROPE_THREADS, sizeof(float) * 2 * (size_t)half, c->stream>>>(x, n_head, head_dim, n_rot, pos,
+    st_launch(c, rope_kernel, grid, ROPE_THREADS, sizeof(float) * 2 * (size_t)half, x, n_head, head_dim, n_rot, pos,
                                                                                      base, hpb);
     ST_CU_LAUNCHED(c, "rope");
 }
@@ -250,6 +254,7 @@ void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int 
 
 __global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_dim, int n_rot, const int32_t *pos,
                                  float base, float eps) {
+    st_pdl_begin();
     extern __shared__ float sm[]; // (n_rot/2) cos, (n_rot/2) sin, then (warps, head_dim) heads
     int i = blockIdx.x, half = n_rot / 2, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     float *cs = sm, *hs = sm + 2 * half + wp * head_dim;
@@ -301,7 +306,7 @@ void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_hea
     int groups = (n_head + NORM_ROPE_WARPS - 1) / NORM_ROPE_WARPS;
     int warps = n_head < NORM_ROPE_WARPS ? n_head : NORM_ROPE_WARPS;
     size_t smem = sizeof(float) * ((size_t)2 * (n_rot / 2) + (size_t)warps * head_dim);
-    norm_rope_kernel<<<dim3(n, groups), 32 * warps, smem, c->stream>>>(x, w, n_head, head_dim, n_rot, pos, base, eps);
+    st_launch(c, norm_rope_kernel, dim3(n, groups), 32 * warps, smem, x, w, n_head, head_dim, n_rot, pos, base, eps);
     ST_CU_LAUNCHED(c, "norm_rope");
 }
 
@@ -310,6 +315,7 @@ void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_hea
 // old state), then the state update in a second kernel, so no output reads a state row that was
 // already replaced.
 __global__ void conv_kernel(st_conv_args a) {
+    st_pdl_begin();
     int C = a.channels, K = a.kernel;
     int64_t total = (int64_t)a.n * C;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -327,6 +333,7 @@ __global__ void conv_kernel(st_conv_args a) {
 // The new state is the last K-1 raw rows of [state; x]. Ascending r reads old row n + r > r
 // (when it comes from the state), which is not yet overwritten: safe in place, per channel.
 __global__ void conv_state_kernel(st_conv_args a) {
+    st_pdl_begin();
     int C = a.channels, K = a.kernel;
     for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x)
         for (int r = 0; r < K - 1; r++) {
@@ -338,6 +345,7 @@ __global__ void conv_state_kernel(st_conv_args a) {
 // Decode / verify windows: a thread per channel computes its n outputs from the old state, then
 // shifts that channel's state (the same arithmetic as the two kernels above, in one launch).
 __global__ void conv_window_kernel(st_conv_args a) {
+    st_pdl_begin();
     int C = a.channels, K = a.kernel;
     for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x) {
         const float *w = a.w + (size_t)ch * K;
@@ -361,14 +369,14 @@ void st_cuda_conv(st_backend *b, const st_conv_args *a) {
     st_cuda *c = st_cuda_of(b);
     if (a->n <= 0 || a->channels <= 0) return;
     if (a->n <= ST_CUDA_GRAPH_ROWS) {
-        conv_window_kernel<<<(a->channels + 127) / 128, 128, 0, c->stream>>>(*a);
+        st_launch(c, conv_window_kernel, (a->channels + 127) / 128, 128, 0, *a);
         ST_CU_LAUNCHED(c, "conv");
         return;
     }
-    conv_kernel<<<grid_for((int64_t)a->n * a->channels), 256, 0, c->stream>>>(*a);
+    st_launch(c, conv_kernel, grid_for((int64_t)a->n * a->channels), 256, 0, *a);
     ST_CU_LAUNCHED(c, "conv");
     if (a->kernel > 1) {
-        conv_state_kernel<<<grid_for(a->channels), 256, 0, c->stream>>>(*a);
+        st_launch(c, conv_state_kernel, grid_for(a->channels), 256, 0, *a);
         ST_CU_LAUNCHED(c, "conv state");
     }
 }
@@ -380,50 +388,55 @@ void st_cuda_conv(st_backend *b, const st_conv_args *a) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
+    st_pdl_begin();
     GRID_STRIDE(i, n) y[i] += x[i];
 }
 
 __global__ void swiglu_kernel(const float *gate, const float *up, float *y, int64_t n) {
+    st_pdl_begin();
     GRID_STRIDE(i, n) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 __global__ void mul_sigmoid_kernel(float *y, const float *gate, int64_t n) {
+    st_pdl_begin();
     GRID_STRIDE(i, n) y[i] *= sigmoidf_(gate[i]);
 }
 
 __global__ void mul_silu_kernel(float *y, const float *gate, int64_t n) {
+    st_pdl_begin();
     GRID_STRIDE(i, n) y[i] *= gate[i] / (1.0f + expf(-gate[i]));
 }
 
 void st_cuda_add(st_backend *b, float *y, const float *x, int64_t n) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0) return;
-    add_kernel<<<grid_for(n), 256, 0, c->stream>>>(y, x, n);
+    st_launch(c, add_kernel, grid_for(n), 256, 0, y, x, n);
     ST_CU_LAUNCHED(c, "add");
 }
 
 void st_cuda_swiglu(st_backend *b, const float *gate, const float *up, float *y, int64_t n) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n), 256, 0, c->stream>>>(gate, up, y, n);
+    st_launch(c, swiglu_kernel, grid_for(n), 256, 0, gate, up, y, n);
     ST_CU_LAUNCHED(c, "swiglu");
 }
 
 void st_cuda_mul_sigmoid(st_backend *b, float *y, const float *gate, int64_t n) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0) return;
-    mul_sigmoid_kernel<<<grid_for(n), 256, 0, c->stream>>>(y, gate, n);
+    st_launch(c, mul_sigmoid_kernel, grid_for(n), 256, 0, y, gate, n);
     ST_CU_LAUNCHED(c, "mul_sigmoid");
 }
 
 void st_cuda_mul_silu(st_backend *b, float *y, const float *gate, int64_t n) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0) return;
-    mul_silu_kernel<<<grid_for(n), 256, 0, c->stream>>>(y, gate, n);
+    st_launch(c, mul_silu_kernel, grid_for(n), 256, 0, y, gate, n);
     ST_CU_LAUNCHED(c, "mul_silu");
 }
 
 __global__ void add_gated_rows_kernel(float *y, const float *x, const float *g, int n, int d) {
+    st_pdl_begin();
     int64_t total = (int64_t)n * d;
     GRID_STRIDE(e, total) y[e] += sigmoidf_(g[e / d]) * x[e];
 }
@@ -431,7 +444,7 @@ __global__ void add_gated_rows_kernel(float *y, const float *x, const float *g, 
 void st_cuda_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || d <= 0) return;
-    add_gated_rows_kernel<<<grid_for((int64_t)n * d), 256, 0, c->stream>>>(y, x, g, n, d);
+    st_launch(c, add_gated_rows_kernel, grid_for((int64_t)n * d), 256, 0, y, x, g, n, d);
     ST_CU_LAUNCHED(c, "add_gated_rows");
 }
 
@@ -440,6 +453,7 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : lo
 
 __global__ void gdn_gates_kernel(const float *ba, const float *ssm_a, const float *dt_bias, float *beta,
                                  float *g, int n, int h_k, int h_v) {
+    st_pdl_begin();
     int r = h_v / h_k;
     int64_t total = (int64_t)n * h_v;
     GRID_STRIDE(e, total) {
@@ -455,7 +469,7 @@ void st_cuda_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, const
                        float *beta, float *g, int n, int h_k, int h_v) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || h_v <= 0) return;
-    gdn_gates_kernel<<<grid_for((int64_t)n * h_v), 256, 0, c->stream>>>(ba, ssm_a, dt_bias, beta, g, n, h_k, h_v);
+    st_launch(c, gdn_gates_kernel, grid_for((int64_t)n * h_v), 256, 0, ba, ssm_a, dt_bias, beta, g, n, h_k, h_v);
     ST_CU_LAUNCHED(c, "gdn_gates");
 }
 
@@ -463,6 +477,7 @@ void st_cuda_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, const
 // Copies
 
 __global__ void split_heads_kernel(const float *x, float *ya, float *yb, int64_t rows, int a, int bdim) {
+    st_pdl_begin();
     int w = a + bdim;
     int64_t total = rows * w;
     GRID_STRIDE(e, total) {
@@ -478,12 +493,13 @@ void st_cuda_split_heads(st_backend *b, const float *x, float *ya, float *yb, in
     st_cuda *c = st_cuda_of(b);
     int64_t rows = (int64_t)n * heads;
     if (rows <= 0 || a + bdim <= 0) return;
-    split_heads_kernel<<<grid_for(rows * (a + bdim)), 256, 0, c->stream>>>(x, ya, yb, rows, a, bdim);
+    st_launch(c, split_heads_kernel, grid_for(rows * (a + bdim)), 256, 0, x, ya, yb, rows, a, bdim);
     ST_CU_LAUNCHED(c, "split_heads");
 }
 
 // blockIdx.y strides over rows, x over columns.
 __global__ void copy_cols_kernel(const float *x, int64_t ldx, float *y, int64_t ldy, int n, int64_t w) {
+    st_pdl_begin();
     for (int i = blockIdx.y; i < n; i += gridDim.y) {
         const float *xr = x + (size_t)i * ldx;
         float *yr = y + (size_t)i * ldy;
@@ -498,7 +514,7 @@ void st_cuda_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t x_fro
     if (n <= 0 || w <= 0) return;
     int64_t bx = (w + 255) / 256;
     dim3 grid((unsigned)(bx > 1024 ? 1024 : bx), (unsigned)(n > 65535 ? 65535 : n));
-    copy_cols_kernel<<<grid, 256, 0, c->stream>>>(x + x_from, ldx, y + y_from, ldy, n, w);
+    st_launch(c, copy_cols_kernel, grid, 256, 0, x + x_from, ldx, y + y_from, ldy, n, w);
     ST_CU_LAUNCHED(c, "copy_cols");
 }
 
@@ -515,6 +531,7 @@ void st_cuda_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t x_fro
 template <int EPL>
 __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_kernel(const float *logits, int n, int E, int k,
                                                                      int32_t *ids, float *weights) {
+    st_pdl_begin();
     int row = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return; // the whole warp leaves
     const float *l = logits + (size_t)row * E;
@@ -603,6 +620,7 @@ __device__ __forceinline__ void route_exchange(float &v, int &i, int j, bool fir
 
 __global__ void __launch_bounds__(1024) moe_route_block_kernel(const float *logits, int E, int k, int32_t *ids,
                                                                float *weights) {
+    st_pdl_begin();
     __shared__ float sv[32 * 16]; // (warp, 16) the lists handed up the tree
     __shared__ int si[32 * 16];
     __shared__ float smax[32];
@@ -666,18 +684,18 @@ void st_cuda_moe_route(st_backend *b, const float *logits, int n, int n_expert, 
     }
     int epl = (n_expert + 31) / 32;
     if (k <= ROUTE_BLOCK_MAX_K) {
-        moe_route_block_kernel<<<n, 32 * epl, 0, c->stream>>>(logits, n_expert, k, ids, weights);
+        st_launch(c, moe_route_block_kernel, n, 32 * epl, 0, logits, n_expert, k, ids, weights);
         ST_CU_LAUNCHED(c, "moe_route");
         return;
     }
     dim3 grid((unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS)), block(32 * (n < ROUTE_WARPS ? n : ROUTE_WARPS));
     // Slots per lane: the next power of two (a few instantiations; unused slots cost a compare).
-    if (epl <= 1) moe_route_kernel<1><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
-    else if (epl <= 2) moe_route_kernel<2><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
-    else if (epl <= 4) moe_route_kernel<4><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
-    else if (epl <= 8) moe_route_kernel<8><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
-    else if (epl <= 16) moe_route_kernel<16><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
-    else moe_route_kernel<32><<<grid, block, 0, c->stream>>>(logits, n, n_expert, k, ids, weights);
+    if (epl <= 1) st_launch(c, moe_route_kernel<1>, grid, block, 0, logits, n, n_expert, k, ids, weights);
+    else if (epl <= 2) st_launch(c, moe_route_kernel<2>, grid, block, 0, logits, n, n_expert, k, ids, weights);
+    else if (epl <= 4) st_launch(c, moe_route_kernel<4>, grid, block, 0, logits, n, n_expert, k, ids, weights);
+    else if (epl <= 8) st_launch(c, moe_route_kernel<8>, grid, block, 0, logits, n, n_expert, k, ids, weights);
+    else if (epl <= 16) st_launch(c, moe_route_kernel<16>, grid, block, 0, logits, n, n_expert, k, ids, weights);
+    else st_launch(c, moe_route_kernel<32>, grid, block, 0, logits, n, n_expert, k, ids, weights);
     ST_CU_LAUNCHED(c, "moe_route");
 }
 
@@ -728,11 +746,13 @@ __device__ void argmax_kernel_row(const float *x, int d, int32_t *ids, bool vec4
 }
 
 __global__ void __launch_bounds__(1024) argmax_kernel(const float *x, int d, int32_t *ids, bool vec4) {
+    st_pdl_begin();
     argmax_kernel_row(x, d, ids, vec4, blockIdx.x);
 }
 
 // Grid (ARGMAX_CLUSTER, n), launched as clusters of ARGMAX_CLUSTER blocks along x.
 __global__ void __launch_bounds__(1024) argmax_cluster_kernel(const float *x, int d, int32_t *ids, bool vec4) {
+    st_pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float best_v;
     __shared__ int best_i;
@@ -771,16 +791,18 @@ void st_cuda_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
         cfg.gridDim = dim3(ARGMAX_CLUSTER, (unsigned)n);
         cfg.blockDim = dim3(1024);
         cfg.stream = c->stream;
-        cudaLaunchAttribute attr[1];
+        cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeClusterDimension;
         attr[0].val.clusterDim.x = ARGMAX_CLUSTER;
         attr[0].val.clusterDim.y = 1;
         attr[0].val.clusterDim.z = 1;
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cfg.numAttrs = c->pdl ? 2 : 1;
         ST_CU(c, cudaLaunchKernelEx(&cfg, argmax_cluster_kernel, x, d, ids, vec4));
     } else {
-        argmax_kernel<<<n, 1024, 0, c->stream>>>(x, d, ids, vec4);
+        st_launch(c, argmax_kernel, n, 1024, 0, x, d, ids, vec4);
     }
     ST_CU_LAUNCHED(c, "argmax");
 }

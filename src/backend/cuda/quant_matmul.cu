@@ -106,6 +106,7 @@ static st_act act_view(void *buf, int rows, int cols) {
 
 // One warp per block of 32: blockDim 256 = 8 blocks.
 __global__ void quantize_q8_kernel(const float *x, int64_t nblocks, int8_t *q, float2 *ds) {
+    st_pdl_begin();
     int64_t blk = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= nblocks) return;
     int lane = threadIdx.x & 31;
@@ -130,7 +131,7 @@ static st_act quantize_act(st_cuda *c, int slot, const float *x, int rows, int c
     a = act_view(buf, rows, cols);
     int64_t nb = (int64_t)rows * (cols / 32);
     if (nb == 0) return a;
-    quantize_q8_kernel<<<(unsigned)((nb + 7) / 8), 256, 0, c->stream>>>(x, nb, (int8_t *)a.q, (float2 *)a.ds);
+    st_launch(c, quantize_q8_kernel, (unsigned)((nb + 7) / 8), 256, 0, x, nb, (int8_t *)a.q, (float2 *)a.ds);
     ST_CU_LAUNCHED(c, "quantize_q8");
     return a;
 }
@@ -354,6 +355,7 @@ __device__ __forceinline__ void any_row_dot(const uint8_t *wrow, int cols, const
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
     mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, st_mv_in in, int nx, float *y) {
+    st_pdl_begin();
     int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     st_xrows xr = {NULL};
@@ -374,7 +376,7 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
     dim3 grid((unsigned)((w->rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS));
     const uint8_t *wd = (const uint8_t *)w->data;
     int cols = (int)w->cols;
-#define L(NX) mmv_kernel<T, NX><<<grid, 32 * ST_CUQ_WARPS, 0, c->stream>>>(wd, w->row_bytes, w->rows, cols, in, n, y)
+#define L(NX) st_launch(c, mmv_kernel<T, NX>, grid, 32 * ST_CUQ_WARPS, 0, wd, w->row_bytes, w->rows, cols, in, n, y)
     if (n == 1) L(1);
     else if (n == 2) L(2);
     else if (n <= 4) L(4);
@@ -446,6 +448,7 @@ __device__ __forceinline__ void quant_split(const float *x, int64_t ldx, const i
 }
 
 __global__ void quant_split_kernel(const float *x, int nx, int cols, int8_t *q, float2 *ds) {
+    st_pdl_begin();
     // One block per x row.
     int j = blockIdx.x;
     quant_split(x + (size_t)j * cols, cols, NULL, 1, 1, cols, q + (size_t)j * cols, ds + (size_t)j * (cols / 32),
@@ -492,15 +495,19 @@ template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     extern __shared__ __align__(16) uint8_t mv_smem[];
     int nchunk = p.cols / 32, nx = p.nx;
+    // The block's weight rows (contiguous) are asked of L2 before waiting on the kernel before:
+    // weights are never written, so they arrive while that kernel finishes and x is quantized.
+    {
+        int64_t r0 = (int64_t)blockIdx.x * ST_MV_ROWS, r1 = min(r0 + ST_MV_ROWS, p.rows);
+        size_t end = (size_t)(r1 - r0) * p.row_bytes;
+        const uint8_t *base = p.w + (size_t)r0 * p.row_bytes;
+        for (size_t off = (size_t)threadIdx.x * 128; off < end; off += (size_t)blockDim.x * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+    }
+    st_pdl_begin();
     const int8_t *xq = p.xq;
     const float2 *xds = p.xds;
     if (p.fused) {
-        int64_t rp = (int64_t)blockIdx.x * ST_MV_ROWS + (threadIdx.x >> 5) * ST_MV_R;
-        int cp = threadIdx.x & 31;
-        if (cp < nchunk)
-#pragma unroll
-            for (int i = 0; i < ST_MV_R; i++)
-                if (rp + i < p.rows) prefetch_chunk<T>(p.w + (size_t)(rp + i) * p.row_bytes, cp);
         int8_t *sq = (int8_t *)mv_smem;
         float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
         quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x);
@@ -559,11 +566,11 @@ static bool mmv2_launch(st_cuda *c, const st_mat *w, const float *x, int n, floa
         if (!buf) return true; // error kept
         p.xq = (const int8_t *)buf;
         p.xds = (const float2 *)(buf + align_up16((size_t)n * w->cols));
-        quant_split_kernel<<<n, 256, 0, c->stream>>>(x, n, (int)w->cols, (int8_t *)p.xq, (float2 *)p.xds);
+        st_launch(c, quant_split_kernel, n, 256, 0, x, n, (int)w->cols, (int8_t *)p.xq, (float2 *)p.xds);
         ST_CU_LAUNCHED(c, "quant_split_kernel");
     }
     dim3 grid((unsigned)((w->rows + ST_MV_ROWS - 1) / ST_MV_ROWS));
-#define L(NX) mmv2_kernel<T, NX><<<grid, 32 * ST_MV_WARPS, smem, c->stream>>>(p)
+#define L(NX) st_launch(c, mmv2_kernel<T, NX>, grid, 32 * ST_MV_WARPS, smem, p)
     if (n == 1) L(1);
     else if (n == 2) L(2);
     else if (n <= 4) L(4);
@@ -641,6 +648,7 @@ __device__ __forceinline__ const uint8_t *deq_row(const st_deq_src &s, int64_t i
 
 template <int T, typename O>
 __global__ void dequant_kernel(st_deq_src s, int64_t nrows, int cols, O *y) {
+    st_pdl_begin();
     int nchunk = cols / 32;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nrows * nchunk) return;
@@ -659,6 +667,7 @@ __global__ void dequant_kernel(st_deq_src s, int64_t nrows, int cols, O *y) {
 // Float types element by element (exact conversions).
 template <int T, typename O>
 __global__ void dequant_float_kernel(st_deq_src s, int64_t nrows, int64_t cols, O *y) {
+    st_pdl_begin();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= nrows * cols) return;
     int64_t i = t / cols, e = t % cols;
@@ -675,14 +684,14 @@ static void dequant_launch(st_cuda *c, st_type type, const st_deq_src &s, int64_
 #define CASE(T)                                                                                        \
     case T: {                                                                                          \
         int64_t nt = nrows * (cols / 32);                                                              \
-        dequant_kernel<T, O><<<(unsigned)((nt + 255) / 256), 256, 0, c->stream>>>(s, nrows, (int)cols, y); \
+        st_launch(c, dequant_kernel<T, O>, (unsigned)((nt + 255) / 256), 256, 0, s, nrows, (int)cols, y); \
         break;                                                                                         \
     }
         ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
 #define CASEF(T)                                                                                       \
     case T:                                                                                            \
-        dequant_float_kernel<T, O><<<(unsigned)((nrows * cols + 255) / 256), 256, 0, c->stream>>>(s, nrows, cols, y); \
+        st_launch(c, dequant_float_kernel<T, O>, (unsigned)((nrows * cols + 255) / 256), 256, 0, s, nrows, cols, y); \
         break;
         CASEF(ST_TYPE_F32) CASEF(ST_TYPE_F16) CASEF(ST_TYPE_BF16)
 #undef CASEF
@@ -717,6 +726,7 @@ static bool check_mat(st_cuda *c, const char *op, st_type type, int64_t cols, in
 
 // Casts f32 to bf16 or f16 (the cuBLAS input type).
 template <typename O> __global__ void convert_kernel(const float *x, int64_t n, O *y) {
+    st_pdl_begin();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     if constexpr (sizeof(O) == 2 && std::is_same<O, __half>::value) y[i] = __float2half_rn(x[i]);
@@ -725,7 +735,7 @@ template <typename O> __global__ void convert_kernel(const float *x, int64_t n, 
 
 template <typename O> static void convert(st_cuda *c, const float *x, int64_t n, O *y) {
     if (n == 0) return;
-    convert_kernel<O><<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(x, n, y);
+    st_launch(c, convert_kernel<O>, (unsigned)((n + 255) / 256), 256, 0, x, n, y);
     ST_CU_LAUNCHED(c, "convert_kernel");
 }
 
@@ -761,7 +771,7 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
     int bm = g.w2 ? ST_GM_BM / 2 : ST_GM_BM; // weight rows per block (gate+up: 64 of each)
     dim3 grid((unsigned)nblocks, (unsigned)((g.rows + bm - 1) / bm));
     switch (t) {
-#define CASE(T) case T: gmm_kernel<T><<<grid, ST_GM_THREADS, 0, c->stream>>>(g); break;
+#define CASE(T) case T: st_launch(c, gmm_kernel<T>, grid, ST_GM_THREADS, 0, g); break;
         ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
     default: CUQ_FAIL(c, "gmm: weight type %s is not quantized", st_type_name(t)); return;
@@ -886,6 +896,7 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
 template <int T>
 __global__ void __launch_bounds__(ST_CUQ_GR_THREADS)
     get_rows_kernel(const uint8_t *w, size_t row_bytes, int64_t nrows, const int32_t *ids, int cols, float *y) {
+    st_pdl_begin();
     int i = blockIdx.x;
     int c = blockIdx.y * ST_CUQ_GR_THREADS + threadIdx.x;
     int32_t id = ids[i];
@@ -919,7 +930,7 @@ void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n,
     switch (w->type) {
 #define CASE(T)                                                                                        \
     case T:                                                                                            \
-        get_rows_kernel<T><<<grid, ST_CUQ_GR_THREADS, 0, c->stream>>>(wd, w->row_bytes, w->rows, ids, (int)w->cols, y); \
+        st_launch(c, get_rows_kernel<T>, grid, ST_CUQ_GR_THREADS, 0, wd, w->row_bytes, w->rows, ids, (int)w->cols, y); \
         break;
         ST_CUQ_QUANT_TYPES(CASE)
         CASE(ST_TYPE_F32) CASE(ST_TYPE_F16) CASE(ST_TYPE_BF16)
@@ -940,6 +951,7 @@ void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n,
 #define ST_CUQ_PLAN_MAX 1024 // assignments one plan block handles (n <= 16 rows times k <= 64)
 
 __global__ void moe_plan_kernel(const int32_t *ids, int na, int n_expert, int *plan) {
+    st_pdl_begin();
     __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX];
     int a = threadIdx.x;
     int *uniq = plan + 1, *off = uniq + na, *members = off + na + 1;
@@ -1022,6 +1034,7 @@ __device__ __forceinline__ int moe_members(const st_moe_small &p, bool by_row, i
 
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_CUQ_WARPS) moe_gate_up_kernel(st_moe_small p) {
+    st_pdl_begin();
     __shared__ int s_asg[ST_CUQ_PLAN_MAX], s_xr[ST_CUQ_PLAN_MAX];
     int e, m = moe_members(p, true, s_asg, s_xr, &e);
     int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
@@ -1054,6 +1067,7 @@ __global__ void __launch_bounds__(32 * ST_CUQ_WARPS) moe_gate_up_kernel(st_moe_s
 // One matrix per expert (down; or gate and up separately when their types differ): raw dots.
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_CUQ_WARPS) moe_mv_kernel(st_moe_small p, bool by_row) {
+    st_pdl_begin();
     __shared__ int s_asg[ST_CUQ_PLAN_MAX], s_xr[ST_CUQ_PLAN_MAX];
     int e, m = moe_members(p, by_row, s_asg, s_xr, &e);
     int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
@@ -1077,6 +1091,7 @@ __global__ void __launch_bounds__(32 * ST_CUQ_WARPS) moe_mv_kernel(st_moe_small 
 
 // h (na, F) = silu(g) * u from two raw passes (g in h already, u in u).
 __global__ void silu_mul_kernel(float *h, const float *u, int64_t n) {
+    st_pdl_begin();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = h[i];
@@ -1086,6 +1101,7 @@ __global__ void silu_mul_kernel(float *h, const float *u, int64_t n) {
 // y[i] = Σ_j weights[i][j] · o[inv(i k + j)], j in order (inv NULL: o is by assignment).
 __global__ void moe_combine_kernel(const float *o, const int32_t *inv, const int32_t *ids, const float *wts, int n,
                                    int k, int n_expert, int d, float *y, bool add) {
+    st_pdl_begin();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)n * d) return;
     int i = (int)(t / d), col = (int)(t % d);
@@ -1102,7 +1118,7 @@ __global__ void moe_combine_kernel(const float *o, const int32_t *inv, const int
 template <int T>
 static void moe_gate_up_launch(st_cuda *c, const st_moe_small &p, int n) {
     dim3 grid((unsigned)((p.rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS), (unsigned)p.na);
-#define L(NX) moe_gate_up_kernel<T, NX><<<grid, 32 * ST_CUQ_WARPS, 0, c->stream>>>(p)
+#define L(NX) st_launch(c, moe_gate_up_kernel<T, NX>, grid, 32 * ST_CUQ_WARPS, 0, p)
     if (n == 1) L(1);
     else if (n <= 4) L(4);
     else L(16);
@@ -1113,7 +1129,7 @@ static void moe_gate_up_launch(st_cuda *c, const st_moe_small &p, int n) {
 template <int T>
 static void moe_mv_launch(st_cuda *c, const st_moe_small &p, int n, bool by_row) {
     dim3 grid((unsigned)((p.rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS), (unsigned)p.na);
-#define L(NX) moe_mv_kernel<T, NX><<<grid, 32 * ST_CUQ_WARPS, 0, c->stream>>>(p, by_row)
+#define L(NX) st_launch(c, moe_mv_kernel<T, NX>, grid, 32 * ST_CUQ_WARPS, 0, p, by_row)
     if (n == 1) L(1);
     else if (n <= 4) L(4);
     else L(16);
@@ -1205,6 +1221,7 @@ __device__ int moe2_members(const st_moe2_args &p, int *s_e, int *s_lead, int *s
 // rows are only 24 chunks long at the 30B shape, is otherwise mostly the block's set-up).
 template <int T, int NX, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
+    st_pdl_begin();
     __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX], s_asg[ST_CUQ_PLAN_MAX];
     extern __shared__ __align__(16) uint8_t moe2_smem[];
     int e, m = moe2_members(p, s_e, s_lead, s_asg, &e);
@@ -1283,7 +1300,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     int rows_per_block = ST_MOE2_WARPS * (GATE ? 1 : 2) * (n == 1 ? P1 : 1);
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
-#define L(NX, PP) moe2_kernel<T, NX, GATE, PP><<<grid, 32 * ST_MOE2_WARPS, smem, c->stream>>>(p)
+#define L(NX, PP) st_launch(c, moe2_kernel<T, NX, GATE, PP>, grid, 32 * ST_MOE2_WARPS, smem, p)
     if (n == 1) L(1, P1);
     else if (n <= 4) L(4, 1);
     else L(16, 1);
@@ -1352,7 +1369,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     }
 
     int64_t ny = (int64_t)n * d;
-    moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, NULL, a->ids, a->weights, n, k, E,
+    st_launch(c, moe_combine_kernel, (unsigned)((ny + 255) / 256), 256, 0, o, nullptr, a->ids, a->weights, n, k, E,
                                                                               (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
     return true;
@@ -1376,7 +1393,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
     float *h = (float *)(m + plan_b), *u = (float *)(m + plan_b + h_b);
     float *o = (float *)(m + plan_b + h_b * (fused ? 1 : 2));
 
-    moe_plan_kernel<<<1, (na + 31) / 32 * 32, 0, c->stream>>>(a->ids, na, E, plan);
+    st_launch(c, moe_plan_kernel, 1, (na + 31) / 32 * 32, 0, a->ids, na, E, plan);
     ST_CU_LAUNCHED(c, "moe_plan_kernel");
 
     st_moe_small p = {};
@@ -1420,7 +1437,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
         q.out = u;
         moe_mv_any(c, up->type, q, n, true);
         int64_t nh = (int64_t)na * F;
-        silu_mul_kernel<<<(unsigned)((nh + 255) / 256), 256, 0, c->stream>>>(h, u, nh);
+        st_launch(c, silu_mul_kernel, (unsigned)((nh + 255) / 256), 256, 0, h, u, nh);
         ST_CU_LAUNCHED(c, "silu_mul_kernel");
     }
 
@@ -1442,7 +1459,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
     moe_mv_any(c, down->type, q, n, false);
 
     int64_t ny = (int64_t)n * d;
-    moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, NULL, a->ids, a->weights, n, k, E,
+    st_launch(c, moe_combine_kernel, (unsigned)((ny + 255) / 256), 256, 0, o, nullptr, a->ids, a->weights, n, k, E,
                                                                               (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
 }
@@ -1453,6 +1470,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
 
 // One warp per expert: count[e] = assignments with id e.
 __global__ void moe_count_kernel(const int32_t *ids, int na, int *count) {
+    st_pdl_begin();
     int e = blockIdx.x, lane = threadIdx.x;
     int cnt = 0;
     for (int i0 = 0; i0 < na; i0 += 32) {
@@ -1466,6 +1484,7 @@ __global__ void moe_count_kernel(const int32_t *ids, int na, int *count) {
 // stable scatter of its assignments: order[g] = assignment, inv[assignment] = g.
 __global__ void moe_scatter_kernel(const int32_t *ids, int na, int n_expert, const int *count, int *start,
                                    int *used, int *order, int *inv) {
+    st_pdl_begin();
     int e = blockIdx.x, lane = threadIdx.x;
     int s = 0, nu = 0;
     for (int i = lane; i < e; i += 32) {
@@ -1519,6 +1538,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 to_in<__nv_bfloat16>(float 
 // xg (na, d) = x row of each grouped assignment, in the pass's input type.
 template <typename O>
 __global__ void moe_gather_kernel(const float *x, const int *order, int na, int k, int d, O *xg) {
+    st_pdl_begin();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)na * d) return;
     int g = (int)(t / d), col = (int)(t % d);
@@ -1526,6 +1546,7 @@ __global__ void moe_gather_kernel(const float *x, const int *order, int na, int 
 }
 
 template <typename O> __global__ void silu_mul_to_kernel(const float *g, const float *u, int64_t n, O *h) {
+    st_pdl_begin();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = g[i];
@@ -1536,17 +1557,17 @@ static void moe_gather(st_cuda *c, st_in_kind kind, const float *x, const int *o
                        void *xg) {
     int64_t nx = (int64_t)valid * d;
     unsigned blocks = (unsigned)((nx + 255) / 256);
-    if (kind == ST_IN_F32) moe_gather_kernel<float><<<blocks, 256, 0, c->stream>>>(x, order, valid, k, d, (float *)xg);
-    else if (kind == ST_IN_F16) moe_gather_kernel<__half><<<blocks, 256, 0, c->stream>>>(x, order, valid, k, d, (__half *)xg);
-    else moe_gather_kernel<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(x, order, valid, k, d, (__nv_bfloat16 *)xg);
+    if (kind == ST_IN_F32) st_launch(c, moe_gather_kernel<float>, blocks, 256, 0, x, order, valid, k, d, (float *)xg);
+    else if (kind == ST_IN_F16) st_launch(c, moe_gather_kernel<__half>, blocks, 256, 0, x, order, valid, k, d, (__half *)xg);
+    else st_launch(c, moe_gather_kernel<__nv_bfloat16>, blocks, 256, 0, x, order, valid, k, d, (__nv_bfloat16 *)xg);
     ST_CU_LAUNCHED(c, "moe_gather_kernel");
 }
 
 static void silu_mul_to(st_cuda *c, st_in_kind kind, const float *g, const float *u, int64_t n, void *h) {
     unsigned blocks = (unsigned)((n + 255) / 256);
-    if (kind == ST_IN_F32) silu_mul_to_kernel<float><<<blocks, 256, 0, c->stream>>>(g, u, n, (float *)h);
-    else if (kind == ST_IN_F16) silu_mul_to_kernel<__half><<<blocks, 256, 0, c->stream>>>(g, u, n, (__half *)h);
-    else silu_mul_to_kernel<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(g, u, n, (__nv_bfloat16 *)h);
+    if (kind == ST_IN_F32) st_launch(c, silu_mul_to_kernel<float>, blocks, 256, 0, g, u, n, (float *)h);
+    else if (kind == ST_IN_F16) st_launch(c, silu_mul_to_kernel<__half>, blocks, 256, 0, g, u, n, (__half *)h);
+    else st_launch(c, silu_mul_to_kernel<__nv_bfloat16>, blocks, 256, 0, g, u, n, (__nv_bfloat16 *)h);
     ST_CU_LAUNCHED(c, "silu_mul_to_kernel");
 }
 
@@ -1634,9 +1655,9 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
     void *xg = m2, *xu = ku != kg ? (void *)(m2 + xg_b) : xg, *h = m2 + xg_b + xu_b;
 
     ST_CU(c, cudaMemsetAsync(inv, 0xff, sizeof(int) * (size_t)na, c->stream)); // -1: dropped ids
-    moe_count_kernel<<<E, 32, 0, c->stream>>>(a->ids, na, count_d);
+    st_launch(c, moe_count_kernel, E, 32, 0, a->ids, na, count_d);
     ST_CU_LAUNCHED(c, "moe_count_kernel");
-    moe_scatter_kernel<<<E, 32, 0, c->stream>>>(a->ids, na, E, count_d, start_d, used_d, order, inv);
+    st_launch(c, moe_scatter_kernel, E, 32, 0, a->ids, na, E, count_d, start_d, used_d, order, inv);
     ST_CU_LAUNCHED(c, "moe_scatter_kernel");
     st_moe_groups gr;
     ST_CU(c, cudaMemcpyAsync(gr.count, count_d, sizeof(int) * (size_t)E, cudaMemcpyDeviceToHost, c->stream));
@@ -1698,7 +1719,7 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
     moe_big_pass(c, down, &gr, gmm, h, o);
 
     int64_t ny = (int64_t)n * d;
-    moe_combine_kernel<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(o, inv, a->ids, a->weights, n, k, E,
+    st_launch(c, moe_combine_kernel, (unsigned)((ny + 255) / 256), 256, 0, o, inv, a->ids, a->weights, n, k, E,
                                                                               (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
 }
@@ -1706,6 +1727,7 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
 // ids -> cache slots (slot_map; -1: not in this stack), counting the routed experts on the way.
 __global__ void moe_map_kernel(const int32_t *ids, int na, int n_expert, const int32_t *slot_map, uint32_t *counts,
                                int32_t *out) {
+    st_pdl_begin();
     int a = blockIdx.x * blockDim.x + threadIdx.x;
     if (a >= na) return;
     int e = ids[a];
@@ -1722,7 +1744,7 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
         int na = a->n * a->k, E = a->slot_map ? a->n_expert : (int)a->gate->n;
         int32_t *ids = (int32_t *)st_cuda_scratch(c, ST_SCR_MOEMAP, sizeof(int32_t) * (size_t)na);
         if (!ids) return;
-        moe_map_kernel<<<(unsigned)((na + 127) / 128), 128, 0, c->stream>>>(a->ids, na, E, a->slot_map, a->counts, ids);
+        st_launch(c, moe_map_kernel, (unsigned)((na + 127) / 128), 128, 0, a->ids, na, E, a->slot_map, a->counts, ids);
         ST_CU_LAUNCHED(c, "moe_map_kernel");
         mapped = *a;
         mapped.ids = ids;
