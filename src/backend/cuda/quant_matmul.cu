@@ -349,12 +349,22 @@ __device__ __forceinline__ void any_row_dot(const uint8_t *wrow, int cols, const
     }
 }
 
+// Asks L2 for bytes [0, n) at p, the block's threads taking 128-byte lines in turn. Weight
+// kernels call it before st_pdl_begin (weights are never written by a kernel), so the lines
+// stream in while the kernel before finishes.
+__device__ __forceinline__ void prefetch_l2(const uint8_t *p, size_t n) {
+    for (size_t off = (size_t)threadIdx.x * 128; off < n; off += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
 // ---------------------------------------------------------------------------------------------
 // matmul, n <= 16: y (n, rows); warp w of block b computes row 4b + w for every x row.
 
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
     mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, st_mv_in in, int nx, float *y) {
+    int64_t rb0 = (int64_t)blockIdx.x * ST_CUQ_WARPS;
+    prefetch_l2(w + (size_t)rb0 * row_bytes, (size_t)(min(rb0 + ST_CUQ_WARPS, rows) - rb0) * row_bytes);
     st_pdl_begin();
     int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -495,14 +505,10 @@ template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     extern __shared__ __align__(16) uint8_t mv_smem[];
     int nchunk = p.cols / 32, nx = p.nx;
-    // The block's weight rows (contiguous) are asked of L2 before waiting on the kernel before:
-    // weights are never written, so they arrive while that kernel finishes and x is quantized.
+    // The block's weight rows (contiguous) arrive while the kernel before finishes.
     {
-        int64_t r0 = (int64_t)blockIdx.x * ST_MV_ROWS, r1 = min(r0 + ST_MV_ROWS, p.rows);
-        size_t end = (size_t)(r1 - r0) * p.row_bytes;
-        const uint8_t *base = p.w + (size_t)r0 * p.row_bytes;
-        for (size_t off = (size_t)threadIdx.x * 128; off < end; off += (size_t)blockDim.x * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+        int64_t r0 = (int64_t)blockIdx.x * ST_MV_ROWS;
+        prefetch_l2(p.w + (size_t)r0 * p.row_bytes, (size_t)(min(r0 + ST_MV_ROWS, p.rows) - r0) * p.row_bytes);
     }
     st_pdl_begin();
     const int8_t *xq = p.xq;
