@@ -782,7 +782,26 @@ DEFINE_DOTS(iq1_s, iq1_s_rows)
 
 // IQ1_M: like IQ1_S with a 3-bit scale per 16 elements and the delta sign per 8. The value
 // grid + delta = (8 grid +- 1) / 8 is kept as the int8 8 grid +- 1 (never 0), multiplied with
-// the sign trick; the 1/8 goes into the block factor.
+// the sign trick; the 1/8 goes into the block factor. A group's four delta signs and its two
+// scales are each one table load (not assembled lane by lane on the shuffle port).
+#define IQ1M_DSG(b, k) ((b) >> (k) & 1 ? ~0ull : 0x0101010101010101ull)
+#define IQ1M_DSG4(b) {IQ1M_DSG(b, 0), IQ1M_DSG(b, 1), IQ1M_DSG(b, 2), IQ1M_DSG(b, 3)}
+#define IQ1M_DSG16(b) IQ1M_DSG4(b), IQ1M_DSG4((b) + 1), IQ1M_DSG4((b) + 2), IQ1M_DSG4((b) + 3), \
+    IQ1M_DSG4((b) + 4), IQ1M_DSG4((b) + 5), IQ1M_DSG4((b) + 6), IQ1M_DSG4((b) + 7), IQ1M_DSG4((b) + 8), \
+    IQ1M_DSG4((b) + 9), IQ1M_DSG4((b) + 10), IQ1M_DSG4((b) + 11), IQ1M_DSG4((b) + 12), IQ1M_DSG4((b) + 13), \
+    IQ1M_DSG4((b) + 14), IQ1M_DSG4((b) + 15)
+// iq1m_dsg[b]: the four 8-element runs of a group as +1 bytes, or -1 where bit k of b is set.
+static _Alignas(32) const uint64_t iq1m_dsg[16][4] = {IQ1M_DSG16(0)};
+#define IQ1M_LO(v) (2 * ((v) & 7) + 1)
+#define IQ1M_HI(v) (2 * ((v) >> 3 & 7) + 1)
+#define IQ1M_SC(v) {IQ1M_LO(v), IQ1M_LO(v), IQ1M_LO(v), IQ1M_LO(v), IQ1M_LO(v), IQ1M_LO(v), IQ1M_LO(v), \
+    IQ1M_LO(v), IQ1M_HI(v), IQ1M_HI(v), IQ1M_HI(v), IQ1M_HI(v), IQ1M_HI(v), IQ1M_HI(v), IQ1M_HI(v), IQ1M_HI(v)}
+#define IQ1M_SC4(v) IQ1M_SC(v), IQ1M_SC((v) + 1), IQ1M_SC((v) + 2), IQ1M_SC((v) + 3)
+#define IQ1M_SC16(v) IQ1M_SC4(v), IQ1M_SC4((v) + 4), IQ1M_SC4((v) + 8), IQ1M_SC4((v) + 12)
+// iq1m_sc[v]: a group's two 3-bit scales v (low 3 bits: its first 16 elements) as 2 s + 1 in
+// int16 lanes, eight for each half.
+static _Alignas(32) const int16_t iq1m_sc[64][16] = {IQ1M_SC16(0), IQ1M_SC16(16), IQ1M_SC16(32), IQ1M_SC16(48)};
+
 AI void iq1_m_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_iq1_m *b = w;
     const int64_t nb = n / QK_K;
@@ -792,34 +811,32 @@ AI void iq1_m_rows(int64_t n, const int NR, float *s, const void *w, const void 
         memcpy(sc, b[i].scales, sizeof sc);
         st_f16 dh = (st_f16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
         float d = f16(dh) * 0.125f;
-        __m256i q[8], aq[8], scv[8];
+        // Group by group (its vectors used by every row while in registers), not all eight
+        // groups first: 24 live vectors would not fit in 16 registers.
+        __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
         #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
-            uint64_t rows[4], dsg[4];
-            #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                int r = 4 * g + k;
-                unsigned hq = (b[i].qh[r / 2] >> (4 * (r % 2))) & 15;
-                rows[k] = st_iq1s_grid[b[i].qs[r] | (hq & 7) << 8];
-                dsg[k] = hq & 8 ? 0xffffffffffffffffull : 0x0101010101010101ull;
-            }
-            __m256i grid = set_u64x4(rows[0], rows[1], rows[2], rows[3]);
+            const uint8_t *qs = b[i].qs + 4 * g;
+            unsigned qh = b[i].qh[2 * g] | (unsigned)b[i].qh[2 * g + 1] << 8; // four 4-bit fields
+            __m256i grid = set_u64x4(st_iq1s_grid[qs[0] | (qh << 8 & 0x700)], st_iq1s_grid[qs[1] | (qh << 4 & 0x700)],
+                                     st_iq1s_grid[qs[2] | (qh & 0x700)], st_iq1s_grid[qs[3] | (qh >> 4 & 0x700)]);
+            unsigned dbits = (qh >> 3 & 1) | (qh >> 6 & 2) | (qh >> 9 & 4) | (qh >> 12 & 8);
             __m256i g8 = _mm256_and_si256(_mm256_slli_epi16(grid, 3), _mm256_set1_epi8((char)0xf8));
-            q[g] = _mm256_add_epi8(g8, set_u64x4(dsg[0], dsg[1], dsg[2], dsg[3]));
-            aq[g] = _mm256_sign_epi8(q[g], q[g]);
-            int sh = 6 * (g % 2);
-            int ls0 = 2 * ((sc[g / 2] >> sh) & 7) + 1, ls1 = 2 * ((sc[g / 2] >> (sh + 3)) & 7) + 1;
-            scv[g] = _mm256_set_m128i(_mm_set1_epi16((short)ls1), _mm_set1_epi16((short)ls0));
+            __m256i q = _mm256_add_epi8(g8, _mm256_load_si256((const __m256i *)iq1m_dsg[dbits]));
+            __m256i aq = _mm256_abs_epi8(q);
+            __m256i scv = _mm256_load_si256((const __m256i *)iq1m_sc[(sc[g / 2] >> (6 * (g % 2))) & 63]);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const block_q8_K *y = XROW(block_q8_K, r) + i;
+                __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), q);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, qy), scv));
+            }
         }
+        #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const block_q8_K *y = XROW(block_q8_K, r) + i;
-            __m256i sumi = _mm256_setzero_si256();
-            #pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) {
-                __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)), q[g]);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(aq[g], qy), scv[g]));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
     for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
