@@ -453,10 +453,20 @@ DEFINE_DOTS(iq4_xs, iq4_xs_rows)
 // Q2_K, Q3_K x Q8_K. 16-element sub-blocks: vector t (32 elements) pairs scales 2t and 2t+1,
 // the same layout as Q6_K.
 
-// int16 scales of sub-blocks 2t, 2t+1 (8 lanes each) from 16 int8 scales.
-AI __m256i pair_scales(__m128i sc8, int t) {
-    __m128i ctl = _mm_set_epi64x(0x0101010101010101LL * (2 * t + 1), 0x0101010101010101LL * (2 * t));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctl));
+// A block's 16 scales widened to int16 (_mm256_cvtepi8_epi16) as two vectors with scales 0..7
+// and 8..15 in both 128-bit lanes, so that each pair below is one in-lane shuffle.
+typedef struct { __m256i lo, hi; } scale_halves;
+AI scale_halves split_scales(__m256i sc16) {
+    scale_halves h = {_mm256_permute2x128_si256(sc16, sc16, 0x00), _mm256_permute2x128_si256(sc16, sc16, 0x11)};
+    return h;
+}
+
+// int16 scales of sub-blocks 2t, 2t+1 (8 lanes each).
+AI __m256i pair_scales(scale_halves h, int t) {
+    int j = 2 * (t % 4); // scale 2t's place in its half
+    __m256i ctl = _mm256_set_m128i(_mm_set1_epi16((short)((2 * j + 2) | (2 * j + 3) << 8)),
+                                   _mm_set1_epi16((short)((2 * j) | (2 * j + 1) << 8)));
+    return _mm256_shuffle_epi8(t < 4 ? h.lo : h.hi, ctl);
 }
 
 AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
@@ -467,7 +477,7 @@ AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
     for (int64_t i = 0; i < nb; i++) {
         float d = f16(b[i].d), dmin = f16(b[i].dmin);
         __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
-        __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(15));
+        scale_halves sch = split_scales(_mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(15))));
         __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
         __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                            _mm256_setzero_si256()};
@@ -476,7 +486,7 @@ AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         for (int t = 0; t < 8; t++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * (t / 4)));
             __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (t % 4)), m3);
-            __m256i scp = pair_scales(sc8, t);
+            __m256i scp = pair_scales(sch, t);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const block_q8_K *y = XROW(block_q8_K, r) + i;
@@ -521,6 +531,7 @@ AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
         float d = f16(b[i].d);
         __m128i sc8 = q3k_scales8(b[i].scales);
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        scale_halves sch = split_scales(sc16);
         __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
         // Each row's sum starts with the correction for the values being stored unsigned.
         __m256i sumi[4];
@@ -539,7 +550,7 @@ AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
             __m256i hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
             hm = _mm256_srli_epi16(hm, 1);
             __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * (t % 4)), m3), hb);
-            __m256i scp = pair_scales(sc8, t);
+            __m256i scp = pair_scales(sch, t);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const block_q8_K *y = XROW(block_q8_K, r) + i;
@@ -629,10 +640,10 @@ AI __m256i iq2xs_sign_bytes(const uint16_t *qs) {
     return _mm256_permute4x64_epi64(_mm256_packus_epi16(v[0], v[1]), 0xD8);
 }
 
-// sc16: iq2_scales16 of the block for IQ2_XS / IQ2_S, sb: the group's four sign bytes for
-// IQ2_XS (both unused otherwise).
-AI void iq_group(const int kind, const void *blk, __m128i sc16, uint32_t sb, int g, __m256i *grid, __m256i *sgn,
-                 __m256i *sc) {
+// sch: the block's scales (iq2_scales16, split_scales) for IQ2_XS / IQ2_S, sb: the group's four
+// sign bytes for IQ2_XS (both unused otherwise).
+AI void iq_group(const int kind, const void *blk, scale_halves sch, uint32_t sb, int g, __m256i *grid,
+                 __m256i *sgn, __m256i *sc) {
     if (kind == IQ2_XXS) {
         const block_iq2_xxs *b = blk;
         uint32_t idx, aux;
@@ -648,7 +659,7 @@ AI void iq_group(const int kind, const void *blk, __m128i sc16, uint32_t sb, int
         *grid = set_u64x4(st_iq2xs_grid[q[0] & 511], st_iq2xs_grid[q[1] & 511], st_iq2xs_grid[q[2] & 511],
                           st_iq2xs_grid[q[3] & 511]);
         *sgn = signs32(sb);
-        *sc = pair_scales(sc16, g);
+        *sc = pair_scales(sch, g);
     } else if (kind == IQ2_S) {
         const block_iq2_s *b = blk;
         const uint8_t *q = b->qs + 4 * g, *sg = b->qs + QK_K / 8 + 4 * g;
@@ -656,7 +667,7 @@ AI void iq_group(const int kind, const void *blk, __m128i sc16, uint32_t sb, int
         *grid = set_u64x4(st_iq2s_grid[q[0] | (h << 8 & 0x300)], st_iq2s_grid[q[1] | (h << 6 & 0x300)],
                           st_iq2s_grid[q[2] | (h << 4 & 0x300)], st_iq2s_grid[q[3] | (h << 2 & 0x300)]);
         *sgn = signs32(load_u32(sg));
-        *sc = pair_scales(sc16, g);
+        *sc = pair_scales(sch, g);
     } else if (kind == IQ3_XXS) {
         const block_iq3_xxs *b = blk;
         const uint8_t *q = b->qs + 8 * g;
@@ -694,9 +705,9 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
         st_f16 dh;
         memcpy(&dh, blk, 2); // every IQ2/IQ3 block starts with d
         float d = f16(dh) * factor;
-        __m128i sc16 = kind == IQ2_XS ? iq2_scales16(((const block_iq2_xs *)blk)->scales)
-                     : kind == IQ2_S ? iq2_scales16(((const block_iq2_s *)blk)->scales)
-                                     : _mm_setzero_si128();
+        scale_halves sch = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        if (kind == IQ2_XS) sch = split_scales(_mm256_cvtepi8_epi16(iq2_scales16(((const block_iq2_xs *)blk)->scales)));
+        if (kind == IQ2_S) sch = split_scales(_mm256_cvtepi8_epi16(iq2_scales16(((const block_iq2_s *)blk)->scales)));
         uint32_t sb[8] = {0};
         if (kind == IQ2_XS) _mm256_storeu_si256((__m256i *)sb, iq2xs_sign_bytes(((const block_iq2_xs *)blk)->qs));
         __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -704,7 +715,7 @@ AI void iq_rows(const int kind, int64_t n, const int NR, float *s, const void *w
         #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) { // group-major: a group's grid, signs and scales serve every row
             __m256i grid, sgn, sc;
-            iq_group(kind, blk, sc16, sb[g], g, &grid, &sgn, &sc);
+            iq_group(kind, blk, sch, sb[g], g, &grid, &sgn, &sc);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const block_q8_K *y = XROW(block_q8_K, r) + i;
