@@ -74,6 +74,7 @@ __device__ __forceinline__ void gmm_load_a(const uint8_t *row, int c, bool ok, _
 // y[x0 + j][r0 + i] = Σ_k W_m[r0 + i][k] · x[x0 + j][k] for the block's tile.
 template <int T>
 __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
+    st_pdl_begin();
 #if __CUDA_ARCH__ >= 800
     using namespace nvcuda;
     __shared__ __align__(128) uint8_t smem[ST_GM_SMEM];
