@@ -22,6 +22,7 @@ int st_bench_model(int argc, char **argv);     // bench_model.c: `strata bench -
 // a buffer far larger than the caches), and the commit the binary was built from.
 double st_bench_read_gbs(int n_threads);
 void st_bench_commit(char *buf, size_t size);
+extern const char st_build_commit[]; // written at build time by cmake/build_commit.cmake
 int st_cmd_tokenize(int argc, char **argv);   // cmd_tokenize.c
 int st_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
 int st_cmd_template(int argc, char **argv);   // cmd_template.c

@@ -216,19 +216,7 @@ static void cpu_model(char *out, size_t size) {
     fclose(f);
 }
 
-static void git_describe(char *out, size_t size) {
-    snprintf(out, size, "unknown");
-    FILE *p = popen("git describe --always --dirty 2>/dev/null", "r");
-    if (!p) return;
-    char buf[128];
-    if (fgets(buf, sizeof buf, p)) {
-        buf[strcspn(buf, "\n")] = 0;
-        if (buf[0]) snprintf(out, size, "%s", buf);
-    }
-    pclose(p);
-}
-
-void st_bench_commit(char *buf, size_t size) { git_describe(buf, size); }
+void st_bench_commit(char *buf, size_t size) { snprintf(buf, size, "%s", st_build_commit); }
 
 // Memory-read GB/s with n threads over a buffer far larger than the caches (as bench kernels
 // measures it), for the other benchmarks' bounds.
@@ -341,7 +329,7 @@ static int bench_kernels(int argc, char **argv) {
 
     char model[256], commit[128];
     cpu_model(model, sizeof model);
-    git_describe(commit, sizeof commit);
+    st_bench_commit(commit, sizeof commit);
     printf("cpu: %s, %d logical CPUs; paths:", model, st_cpu_count());
     for (int p = 0; p < ST_CPU_PATH_COUNT; p++)
         printf(" %s%s", st_cpu_path_name((st_cpu_path)p), st_cpu_path_supported((st_cpu_path)p) ? "" : "(no)");
