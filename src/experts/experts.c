@@ -1,9 +1,12 @@
 // experts: the placement map, the router, and the routed-expert FFN on the CPU pool. Rows are
 // grouped by expert so each chosen expert's gate, up and down matrices are read once per batch,
-// and the work of all experts of a layer is spread over the pool in two passes (gate+up, down).
+// and the work of all experts of a layer is spread over the pool in two passes (gate+up, down);
+// a small window (decode) runs the whole layer as one pool job with barriers between its phases.
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "experts/experts.h"
@@ -239,8 +242,142 @@ static void swiglu_quantize(void *ctx, int ith, int nth) {
     }
 }
 
-// Assignments (rows times choices) up to which a batch makes its rows inside the passes.
+// Assignments (rows times choices) up to which a batch is a small window: one pool job a layer.
 #define SMALL_ASSIGNMENTS 64
+
+// STRATA_HOST_MOE_OLD=1: the previous small-window path (two pool runs a layer, each work item
+// making its expert's input rows itself), kept only so the one-job path can be A/B'd against it
+// in one run on the 16-core GPU machine; read once. Remove it (and that path) after the measurement.
+static bool host_moe_old(void) {
+    static int old = -1; // racing first reads all store the same value
+    int v = __atomic_load_n(&old, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("STRATA_HOST_MOE_OLD");
+        v = e && atoi(e) != 0;
+        __atomic_store_n(&old, v, __ATOMIC_RELAXED);
+    }
+    return v == 1;
+}
+
+// Elements of a row quantized as one unit of the small path's make steps: rows are split so
+// every thread can help make them (a Q8_K row of 2048 costs ~10 us on one core). A multiple of
+// every activation type's block (1, 32, 256), and blocks are quantized independently, so a row
+// made in units has the same bytes as a row made whole.
+#define SMALL_SEG 256
+// Work items per thread in a pass of the small path (claimed from a counter; a thread that is
+// descheduled or slow leaves its items to the others instead of holding up the barrier).
+#define SMALL_ITEMS_PER_THREAD 4
+
+// A small window's layer as one pool job, three phases split by st_pool_barrier:
+//  1. each routed input row quantized once, in units of SMALL_SEG elements spread over the
+//     threads, each unit copied to every assignment of the row (grouped order);
+//  2. gate+up items (a chunk of an expert's weight rows, for all its assignments) claimed from
+//     a counter; whoever finishes the last chunk covering a SMALL_SEG unit of an expert's hidden
+//     columns makes that unit's down input (silu(gate)·up, quantized) for the expert's rows;
+//  3. down items claimed the same way.
+// Each product is the same st_matmul call as the other paths (one expert, all its assignments,
+// chunks of multiples of 16 rows), so the results are bit-identical to them.
+typedef struct small_job {
+    st_pool *pool;
+    const st_mat3 *gate, *up, *down;
+    const float *x;           // (n, d) inputs
+    int n, k, d, F;
+    const int32_t *inv;       // (n * k) an assignment's grouped index, -1: not computed here
+    const int32_t *experts;   // (n_active) expert ids
+    const int32_t *start;     // (n_active + 1) first grouped assignment of each active expert
+    int n_active;
+    st_type gdt, ddt;         // activation types of gate/up and of down
+    char *xq;                 // (valid, xs) quantized inputs
+    size_t xs;
+    float *hg, *hu;           // (valid, F) gate and up outputs; hg becomes silu(gate)·up
+    char *hq;                 // (valid, hs) quantized down inputs
+    size_t hs;
+    float *yo;                // (valid, d) down outputs
+    int chunk1, per1;         // gate+up items: weight rows per item, items per expert
+    int chunk2, per2;         // down items
+    int nseg;                 // SMALL_SEG units of F
+    _Atomic int *left;        // (n_active, nseg) gate+up items still to finish over each unit
+    _Alignas(64) _Atomic int next1; // the next unclaimed item of each pass (own cache lines:
+    _Alignas(64) _Atomic int next2; // every claim writes them)
+    char pad[64 - sizeof(int)];
+} small_job;
+
+// Unit s of the down inputs of active expert a (every input of phase 2 over it is written).
+static void small_make_down(const small_job *j, int a, int s) {
+    int c0 = s * SMALL_SEG, len = j->F - c0 < SMALL_SEG ? j->F - c0 : SMALL_SEG;
+    size_t off = st_row_bytes(j->ddt, c0);
+    for (int gi = j->start[a]; gi < j->start[a + 1]; gi++) {
+        float *g = j->hg + (size_t)gi * j->F + c0;
+        const float *u = j->hu + (size_t)gi * j->F + c0;
+        for (int c = 0; c < len; c++) g[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+        st_quantize(j->ddt, g, j->hq + (size_t)gi * j->hs + off, len);
+    }
+}
+
+// Rows [r0, r1) of expert a's matrix w times its assignments' rows of xq (stride xs) into y.
+static void small_product(const st_mat3 *w, int e, int64_t r0, int64_t r1, const char *xq, size_t xs, int m,
+                          float *y, int64_t ldy) {
+    st_matmul_args ma = {
+        .type = w->type,
+        .w = (const char *)w->data + (size_t)e * w->mat_bytes + (size_t)r0 * w->row_bytes,
+        .n = w->cols, .rows = r1 - r0,
+        .x = xq, .x_stride = xs, .nx = m,
+        .y = y + r0, .ldy = ldy,
+    };
+    st_matmul(NULL, &ma);
+}
+
+static void small_worker(void *ctx, int ith, int nth) {
+    small_job *j = ctx;
+    // 1. The inputs, unit by unit.
+    int dseg = (j->d + SMALL_SEG - 1) / SMALL_SEG;
+    for (int t = ith; t < j->n * dseg; t += nth) {
+        int i = t / dseg, c0 = t % dseg * SMALL_SEG, len = j->d - c0 < SMALL_SEG ? j->d - c0 : SMALL_SEG;
+        size_t off = st_row_bytes(j->gdt, c0), bytes = st_row_bytes(j->gdt, len);
+        const char *made = NULL;
+        for (int q = 0; q < j->k; q++) {
+            int gi = j->inv[i * j->k + q];
+            if (gi < 0) continue;
+            char *dst = j->xq + (size_t)gi * j->xs + off;
+            if (made) {
+                memcpy(dst, made, bytes);
+            } else {
+                st_quantize(j->gdt, j->x + (size_t)i * j->d + c0, dst, len);
+                made = dst;
+            }
+        }
+    }
+    st_pool_barrier(j->pool);
+    // 2. Gate and up; each unit's down inputs as soon as its last item is done.
+    for (int t = ith; t < j->n_active * j->per1; t = atomic_fetch_add_explicit(&j->next1, 1, memory_order_relaxed)) {
+        int a = t / j->per1, g0 = j->start[a], m = j->start[a + 1] - g0;
+        int r0 = t % j->per1 * j->chunk1, r1 = r0 + j->chunk1 < j->F ? r0 + j->chunk1 : j->F;
+        const char *xq = j->xq + (size_t)g0 * j->xs;
+        small_product(j->gate, j->experts[a], r0, r1, xq, j->xs, m, j->hg + (size_t)g0 * j->F, j->F);
+        small_product(j->up, j->experts[a], r0, r1, xq, j->xs, m, j->hu + (size_t)g0 * j->F, j->F);
+        // acq_rel: the last finisher of a unit sees the other items' outputs over it.
+        for (int s = r0 / SMALL_SEG; s * SMALL_SEG < r1; s++)
+            if (atomic_fetch_sub_explicit(&j->left[a * j->nseg + s], 1, memory_order_acq_rel) == 1)
+                small_make_down(j, a, s);
+    }
+    st_pool_barrier(j->pool);
+    // 3. Down.
+    for (int t = ith; t < j->n_active * j->per2; t = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) {
+        int a = t / j->per2, g0 = j->start[a], m = j->start[a + 1] - g0;
+        int r0 = t % j->per2 * j->chunk2, r1 = r0 + j->chunk2 < j->d ? r0 + j->chunk2 : j->d;
+        small_product(j->down, j->experts[a], r0, r1, j->hq + (size_t)g0 * j->hs, j->hs, m,
+                      j->yo + (size_t)g0 * j->d, j->d);
+    }
+}
+
+// Weight rows per item so a pass over `rows` rows of n_active experts gives every thread about
+// SMALL_ITEMS_PER_THREAD items: a multiple of 16 (as run_pass, so GEMM tiles fall on the same rows).
+static int small_chunk(int rows, int n_active, int nth) {
+    int want = (SMALL_ITEMS_PER_THREAD * nth + n_active - 1) / n_active;
+    int chunk = (rows + want - 1) / want;
+    chunk = (chunk + 15) / 16 * 16;
+    return chunk < 16 ? 16 : chunk;
+}
 
 static void run_pass(st_pool *pool, moe_pass *p, int64_t rows) {
     // Enough chunks to keep every thread busy even when few experts are active.
@@ -268,16 +405,18 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
                        "activation types", layer, st_type_name(gate->type), st_type_name(up->type));
     size_t xs = st_row_bytes(gdt, d), hs = st_row_bytes(ddt, F);
 
-    // Small batches make each expert's input rows inside the passes (two pool runs instead of
-    // four: the wake-ups cost more than the few rows a thread may make twice).
+    // Small batches run as one pool job (small_job); with STRATA_HOST_MOE_OLD, they make each
+    // expert's input rows inside the two passes instead.
     int nth = st_pool_size(pool) > 0 ? st_pool_size(pool) : 1;
-    bool small = na <= SMALL_ASSIGNMENTS;
-    size_t own_stride = small ? ((size_t)na * (xs > hs ? xs : hs) + 63) / 64 * 64 : 0;
-    // Workspace: expert lists, quantized inputs, gate/up/act outputs, down outputs, the
-    // threads' own rows.
-    size_t need = sizeof(int32_t) * ((size_t)E + 1) * 3 + sizeof(int32_t) * na + xs * na +
-                  sizeof(float) * (size_t)na * (2 * F + d) + hs * na + 64 * 10 +
-                  (small ? own_stride * nth + sizeof(float) * (size_t)nth * F : 0);
+    bool small = na <= SMALL_ASSIGNMENTS, old = small && host_moe_old();
+    size_t own_stride = old ? ((size_t)na * (xs > hs ? xs : hs) + 63) / 64 * 64 : 0;
+    int nseg = (F + SMALL_SEG - 1) / SMALL_SEG;
+    // Workspace: expert lists, assignment lists, quantized inputs, gate/up/act outputs, down
+    // outputs; the unit counters of a small job, or the threads' own rows of the old path.
+    size_t need = sizeof(int32_t) * ((size_t)E + 1) * 3 + sizeof(int32_t) * na * 2 + xs * na +
+                  sizeof(float) * (size_t)na * (2 * F + d) + hs * na + 64 * 11 +
+                  (small ? sizeof(int) * (size_t)na * nseg : 0) +
+                  (old ? own_stride * nth + sizeof(float) * (size_t)nth * F : 0);
     if (need > ex->ws_bytes) {
         st_free(ex->ws);
         ex->ws = st_alloc(need);
@@ -289,13 +428,14 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     }
     char *p = ex->ws;
 #define TAKE(ptr, bytes) do { ptr = (void *)p; p += ((bytes) + 63) / 64 * 64; } while (0)
-    int32_t *count, *start, *experts, *order;
+    int32_t *count, *start, *experts, *order, *inv;
     char *xq, *hq;
     float *hg, *hu, *yo;
     TAKE(count, sizeof(int32_t) * E);
     TAKE(start, sizeof(int32_t) * (E + 1));
     TAKE(experts, sizeof(int32_t) * E);
     TAKE(order, sizeof(int32_t) * na);
+    TAKE(inv, sizeof(int32_t) * na);
     TAKE(xq, xs * na);
     TAKE(hg, sizeof(float) * (size_t)na * F);
     TAKE(hu, sizeof(float) * (size_t)na * F);
@@ -303,7 +443,9 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     TAKE(yo, sizeof(float) * (size_t)na * d);
     char *own = NULL;
     float *own_f = NULL;
-    if (small) {
+    _Atomic int *left = NULL;
+    if (small) TAKE(left, sizeof(int) * (size_t)na * nseg);
+    if (old) {
         TAKE(own, own_stride * nth);
         TAKE(own_f, sizeof(float) * (size_t)nth * F);
     }
@@ -332,29 +474,48 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     if (valid == 0) return ST_OK;
     for (int i = 0; i < na; i++)
         if (!take || take[ids[i]]) order[count[ids[i]]++] = i;
-
-    // Quantize each assignment's input row in grouped order.
-    act_job qj = {.x = x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = valid};
-    if (!small) st_pool_run(pool, quantize_inputs, &qj);
-
-    moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
-                   .start = start, .n_active = n_active, .make = small ? &qj : NULL, .own = own,
-                   .own_stride = own_stride, .own_f = own_f};
-    run_pass(pool, &p1, F);
-
-    act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
-    if (!small) st_pool_run(pool, swiglu_quantize, &aj);
-
-    moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
-                   .start = start, .n_active = n_active, .make = small ? &aj : NULL, .own = own,
-                   .own_stride = own_stride, .own_f = own_f};
-    run_pass(pool, &p2, d);
-
-    // Weighted sum back into rows, slot by slot in a fixed order so the result does not depend
-    // on how rows were grouped. inv[assignment] = its grouped index or -1 (hu is free now).
-    int32_t *inv = (int32_t *)hu;
+    // inv[assignment] = its grouped index or -1.
     for (int i = 0; i < na; i++) inv[i] = -1;
     for (int gi = 0; gi < valid; gi++) inv[order[gi]] = gi;
+
+    if (small && !old) {
+        small_job j = {.pool = pool, .gate = gate, .up = up, .down = down, .x = x, .n = n, .k = k, .d = d, .F = F,
+                       .inv = inv, .experts = experts, .start = start, .n_active = n_active, .gdt = gdt,
+                       .ddt = ddt, .xq = xq, .xs = xs, .hg = hg, .hu = hu, .hq = hq, .hs = hs, .yo = yo,
+                       .nseg = nseg, .left = left};
+        j.chunk1 = small_chunk(F, n_active, nth);
+        j.per1 = (F + j.chunk1 - 1) / j.chunk1;
+        j.chunk2 = small_chunk(d, n_active, nth);
+        j.per2 = (d + j.chunk2 - 1) / j.chunk2;
+        for (int s = 0; s < nseg; s++) { // gate+up items over unit s: those of its first and last column
+            int c1 = (s + 1) * SMALL_SEG < F ? (s + 1) * SMALL_SEG : F;
+            int items = (c1 - 1) / j.chunk1 - s * SMALL_SEG / j.chunk1 + 1;
+            for (int a = 0; a < n_active; a++) atomic_init(&left[a * nseg + s], items);
+        }
+        atomic_init(&j.next1, nth); // items 0..nth-1 go to threads 0..nth-1
+        atomic_init(&j.next2, nth);
+        st_pool_run(pool, small_worker, &j);
+    } else {
+        // Quantize each assignment's input row in grouped order.
+        act_job qj = {.x = x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = valid};
+        if (!small) st_pool_run(pool, quantize_inputs, &qj);
+
+        moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
+                       .start = start, .n_active = n_active, .make = small ? &qj : NULL, .own = own,
+                       .own_stride = own_stride, .own_f = own_f};
+        run_pass(pool, &p1, F);
+
+        act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
+        if (!small) st_pool_run(pool, swiglu_quantize, &aj);
+
+        moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
+                       .start = start, .n_active = n_active, .make = small ? &aj : NULL, .own = own,
+                       .own_stride = own_stride, .own_f = own_f};
+        run_pass(pool, &p2, d);
+    }
+
+    // Weighted sum back into rows, slot by slot in a fixed order so the result does not depend
+    // on how rows were grouped.
     for (int i = 0; i < n; i++) {
         float *yr = y + (size_t)i * d;
         for (int j = 0; j < k; j++) {

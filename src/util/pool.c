@@ -1,6 +1,7 @@
 // util: the thread pool. Persistent workers wait on a generation counter: they spin on it for a
 // short while (so back-to-back calls during decode cost microseconds), then sleep on a futex.
 // The caller runs thread 0 itself and waits for the others the same way (spin, then futex).
+// st_pool_barrier separates phases inside one job the same way (a round counter, spin, futex).
 
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +32,11 @@ struct st_pool {
     _Atomic int sleepers;    // workers asleep (or about to sleep) on gen
     _Atomic int caller_asleep; // the caller sleeps on pending
     _Atomic int stop;
+    // st_pool_barrier: arrivals in the current round, and the round's number (each on its own
+    // cache line: every arrival writes bar_count, every waiter reads bar_gen).
+    _Alignas(64) _Atomic uint32_t bar_count;
+    _Alignas(64) _Atomic uint32_t bar_gen;
+    _Atomic int bar_sleepers;   // waiters asleep (or about to sleep) on bar_gen
 };
 
 typedef struct worker_arg {
@@ -176,4 +182,25 @@ void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx) {
         p = q;
     }
     atomic_thread_fence(memory_order_acquire); // the workers' writes are visible to the caller
+}
+
+void st_pool_barrier(st_pool *pool) {
+    if (!pool || pool->n == 1) return;
+    // The round cannot end before this thread arrives, so the number read first is the round's.
+    uint32_t g = atomic_load_explicit(&pool->bar_gen, memory_order_acquire);
+    // acq_rel: the arrivals form one release sequence the last arrival acquires, then publishes
+    // to the waiters with its store to bar_gen, so every thread's writes before the barrier are
+    // visible to every thread after it.
+    if (atomic_fetch_add_explicit(&pool->bar_count, 1, memory_order_acq_rel) == (uint32_t)pool->n - 1) {
+        atomic_store_explicit(&pool->bar_count, 0, memory_order_relaxed); // before the next round:
+        atomic_store(&pool->bar_gen, g + 1); // a thread reads the new number before it arrives again
+        if (atomic_load(&pool->bar_sleepers) > 0) futex_wake(&pool->bar_gen, INT_MAX);
+        return;
+    }
+    if (spin_while_equal(&pool->bar_gen, g) == g) { // a long wait: sleep (as the workers do on gen)
+        atomic_fetch_add(&pool->bar_sleepers, 1);
+        while (atomic_load(&pool->bar_gen) == g) futex_wait(&pool->bar_gen, g);
+        atomic_fetch_sub(&pool->bar_sleepers, 1);
+    }
+    atomic_thread_fence(memory_order_acquire);
 }

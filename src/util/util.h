@@ -111,4 +111,8 @@ st_pool *st_pool_create(int n_threads); // n_threads >= 1 including the caller; 
 void st_pool_free(st_pool *pool);
 int st_pool_size(const st_pool *pool);
 void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx); // pool may be NULL: runs fn(ctx,0,1)
+// Inside a job: returns once every thread of the current st_pool_run has called it (so every
+// thread must call it the same number of times), with all their writes before it visible.
+// Reusable back to back; a thread that waits long sleeps. No-op for a NULL or one-thread pool.
+void st_pool_barrier(st_pool *pool);
 int st_cpu_count(void);  // online logical CPUs

@@ -1,6 +1,7 @@
 // Unit tests for the thread pool: every thread runs each call exactly once, results are visible
-// to the caller, back-to-back and sleeping workers both work, and the per-call overhead (printed)
-// stays in microseconds.
+// to the caller, back-to-back and sleeping workers both work, the per-call overhead (printed)
+// stays in microseconds, and st_pool_barrier separates phases of one job (many rounds, fast and
+// slow arrivals).
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -130,6 +131,69 @@ static void test_overhead(void **state) {
     st_pool_free(pool);
 }
 
+// Rounds of barrier-separated phases inside one job: in round r each thread writes its slot of
+// buffer r % 2, waits, then checks every thread's slot of that buffer (it holds round r's value:
+// nobody raced ahead into the next write of this buffer, and every write before the barrier is
+// visible after it). The second barrier of a round keeps round r+2's writes away from readers
+// still in round r. A slow thread (sleep > the spin time) makes the others sleep in the barrier.
+enum { BAR_ROUNDS = 2000, BAR_MAX_THREADS = 8 };
+
+typedef struct barrier_ctx {
+    st_pool *pool;
+    int rounds;
+    int slow_every;                 // 0: never; else thread (r % nth) sleeps in rounds r % slow_every == 0
+    int64_t slot[2][BAR_MAX_THREADS][8]; // a cache line per thread
+    int errors[BAR_MAX_THREADS];
+    int64_t sum[BAR_MAX_THREADS];
+    int passes;
+} barrier_ctx;
+
+static int64_t bar_value(int r, int t) { return (int64_t)r * 1000003 + t * 7 + 1; }
+
+static void barrier_fn(void *p, int ith, int nth) {
+    barrier_ctx *c = p;
+    for (int r = 0; r < c->rounds; r++) {
+        if (c->slow_every && r % c->slow_every == 0 && r % nth == ith) usleep(1000);
+        c->slot[r % 2][ith][0] = bar_value(r, ith);
+        st_pool_barrier(c->pool);
+        for (int t = 0; t < nth; t++) {
+            int64_t v = c->slot[r % 2][t][0];
+            if (v != bar_value(r, t)) c->errors[ith]++;
+            c->sum[ith] += v;
+        }
+        st_pool_barrier(c->pool);
+    }
+    if (ith == 0) c->passes++;
+}
+
+static void test_barrier(void **state) {
+    (void)state;
+    for (int n = 1; n <= BAR_MAX_THREADS; n++) {
+        st_pool *pool = st_pool_create(n);
+        assert_non_null(pool);
+        barrier_ctx *c = st_calloc(1, sizeof *c);
+        assert_non_null(c);
+        c->pool = pool;
+        int64_t want = 0;
+        for (int call = 0; call < 4; call++) { // back to back, then after the workers slept
+            if (call == 3) usleep(3000);
+            c->rounds = call == 2 ? 40 : BAR_ROUNDS;
+            c->slow_every = call == 2 ? 4 : 0;
+            st_pool_run(pool, barrier_fn, c);
+            for (int r = 0; r < c->rounds; r++)
+                for (int t = 0; t < n; t++) want += bar_value(r, t);
+        }
+        assert_int_equal(c->passes, 4);
+        for (int t = 0; t < n; t++) {
+            assert_int_equal(c->errors[t], 0);
+            assert_true(c->sum[t] == want);
+        }
+        st_free(c);
+        st_pool_free(pool);
+    }
+    st_pool_barrier(NULL); // no pool: nothing to wait for
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_thread_once),
@@ -137,6 +201,7 @@ int main(void) {
         cmocka_unit_test(test_results_visible),
         cmocka_unit_test(test_after_sleep),
         cmocka_unit_test(test_overhead),
+        cmocka_unit_test(test_barrier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
