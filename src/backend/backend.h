@@ -47,15 +47,22 @@ typedef struct st_kv_layer {
 // then each query row attends to cache rows 0 .. its own position. out = softmax(q·kᵀ·scale)·v.
 // pos0 is also in backend memory at *pos_dev: a backend that replays recorded work (CUDA
 // graphs) reads it there, so one recording serves every position.
+// With q_norm set, q and k are the raw projections: the op first applies Qwen3's per-head norms
+// and the rotary embedding, as norm_rope does (q_norm / k_norm, n_rot, rope_base, eps, row i at
+// position pos[i]), overwriting q and k.
 typedef struct st_attn_args {
     st_kv_layer *kv;
     const int32_t *pos_dev; // (1) pos0, backend memory
-    const float *q;    // (n, n_head, head_dim)
-    const float *k;    // (n, n_head_kv, head_dim)
+    float *q;          // (n, n_head, head_dim)
+    float *k;          // (n, n_head_kv, head_dim)
     const float *v;    // (n, n_head_kv, head_dim)
     float *out;        // (n, n_head, head_dim)
     int n, pos0, n_head;
     float scale;
+    const float *q_norm, *k_norm; // (head_dim) or NULL: q and k are ready
+    const int32_t *pos;           // (n) backend memory
+    int n_rot;
+    float rope_base, eps;
 } st_attn_args;
 
 // Gated DeltaNet recurrence (REFERENCE.md §3.3) over n rows for h_v value heads of size d,
@@ -130,6 +137,9 @@ typedef struct st_hand_args {
 // How long a device waits for a host thread's answer (hand_collect) before it gives up.
 #define ST_HOST_WAIT_S 60
 
+// Matrices one matmul_many call takes.
+#define ST_MATMUL_MANY 4
+
 // Windows of at most this many rows (decode, verify) may be recorded and replayed; larger
 // calls (prompt chunks) always run as they come.
 #define ST_GRAPH_ROWS 16
@@ -165,6 +175,9 @@ typedef struct st_backend_ops {
     size_t (*mem_total)(st_backend *b);
     // y (n, w.rows) = x (n, w.cols) · wᵀ
     void (*matmul)(st_backend *b, const st_mat *w, const float *x, int n, float *y);
+    // Products of one input with up to ST_MATMUL_MANY matrices: y[i] = x · w[i]ᵀ (q, k and v of
+    // a normed input; a device backend runs matrices of one type and width as one launch).
+    void (*matmul_many)(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y);
     // y (n, w.cols) = rows ids[i] of w, dequantized (the embedding lookup)
     void (*get_rows)(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
     // y (n, d) = x / sqrt(mean(x²) + eps) · w per row; w (d) or NULL for no scale

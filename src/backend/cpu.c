@@ -49,6 +49,10 @@ static void cpu_matmul(st_backend *b, const st_mat *w, const float *x, int n, fl
     st_matmul(b->pool, &a);
 }
 
+static void cpu_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
+    for (int i = 0; i < nw; i++) cpu_matmul(b, w[i], x, n, y[i]);
+}
+
 static void cpu_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) {
     (void)b;
     for (int i = 0; i < n; i++) {
@@ -232,6 +236,10 @@ static void attn_worker(void *ctx, int ith, int nth) {
 static void cpu_attention(st_backend *b, const st_attn_args *a) {
     st_kv_layer *kv = a->kv;
     int nv = kv->n_head_kv * kv->head_dim;
+    if (a->q_norm) {
+        cpu_norm_rope(b, a->q, a->q_norm, a->n, a->n_head, kv->head_dim, a->n_rot, a->pos, a->rope_base, a->eps);
+        cpu_norm_rope(b, a->k, a->k_norm, a->n, kv->n_head_kv, kv->head_dim, a->n_rot, a->pos, a->rope_base, a->eps);
+    }
     ST_ASSERT(a->pos0 >= 0 && a->pos0 + a->n <= kv->n_ctx);
     st_type ty = kv_st_type(kv->type);
     for (int i = 0; i < a->n; i++) {
@@ -568,6 +576,7 @@ static const st_backend_ops cpu_ops = {
     .zero = cpu_zero,
     .mem_free = cpu_mem_free,
     .matmul = cpu_matmul,
+    .matmul_many = cpu_matmul_many,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,

@@ -221,20 +221,17 @@ void st_state_free(st_state *s) {
 // rows pos0 .. pos0+n-1; RoPE takes their positions from s->pos_ids.
 static void attention(st_state *s, int il, const st_layer *l, int n, int pos0) {
     const st_hparams *hp = &s->m->hp;
-    int H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim;
+    int H = hp->n_head, hd = hp->head_dim;
     bool gated = hp->arch == ST_ARCH_QWEN3NEXT;
-    if (gated) { // q projection holds [query | gate] per head
-        OP(matmul, &l->wq, s->xn, n, s->big);
-        OP(split_heads, s->big, s->q, s->gate, n, H, hd, hd);
-    } else {
-        OP(matmul, &l->wq, s->xn, n, s->q);
-    }
-    OP(matmul, &l->wk, s->xn, n, s->k);
-    OP(matmul, &l->wv, s->xn, n, s->v);
-    OP(norm_rope, s->q, l->q_norm, n, H, hd, hp->n_rot, s->pos_ids, hp->rope_base, hp->eps);
-    OP(norm_rope, s->k, l->k_norm, n, Hkv, hd, hp->n_rot, s->pos_ids, hp->rope_base, hp->eps);
+    // The gated form's q projection holds [query | gate] per head.
+    const st_mat *w[] = {&l->wq, &l->wk, &l->wv};
+    float *y[] = {gated ? s->big : s->q, s->k, s->v};
+    OP(matmul_many, 3, w, s->xn, n, y);
+    if (gated) OP(split_heads, s->big, s->q, s->gate, n, H, hd, hd);
     st_attn_args a = {.kv = &s->kv[il], .pos_dev = s->kv_pos, .q = s->q, .k = s->k, .v = s->v, .out = s->att,
-                      .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd)};
+                      .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd),
+                      .q_norm = l->q_norm, .k_norm = l->k_norm, .pos = s->pos_ids, .n_rot = hp->n_rot,
+                      .rope_base = hp->rope_base, .eps = hp->eps};
     OP(attention, &a);
     if (gated) OP(mul_sigmoid, s->att, s->gate, (int64_t)n * H * hd);
     OP(matmul, &l->wo, s->att, n, s->y);
@@ -247,11 +244,14 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n) {
     int kd = hk * d, vd = hv * d, cd = conv_dim(hp);
     float *z = s->gate, *u = s->q;
     if (l->wqkv.data) {
-        OP(matmul, &l->wqkv, s->xn, n, s->qkv);
-        OP(matmul, &l->wz, s->xn, n, z);
+        const st_mat *w[] = {&l->wqkv, &l->wz, &l->wba};
+        float *y[] = {s->qkv, z, s->ba};
+        OP(matmul_many, 3, w, s->xn, n, y);
     } else { // legacy ssm_in: per key head g, [q_g, k_g, v (r heads), z (r heads)]
         int gw = 2 * d + 2 * r * d;
-        OP(matmul, &l->w_ssm_in, s->xn, n, s->big);
+        const st_mat *w[] = {&l->w_ssm_in, &l->wba};
+        float *y[] = {s->big, s->ba};
+        OP(matmul_many, 2, w, s->xn, n, y);
         for (int g = 0; g < hk; g++) {
             int64_t src = (int64_t)g * gw;
             OP(copy_cols, s->big, cd + vd, src, s->qkv, cd, (int64_t)g * d, n, d);
@@ -268,7 +268,6 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n) {
     OP(copy_cols, u, cd, 2 * kd, s->v, vd, 0, n, vd);
     OP(l2norm, s->qh, n * hk, d, hp->eps, 1.0f / sqrtf((float)d));
     OP(l2norm, s->k, n * hk, d, hp->eps, 1.0f);
-    OP(matmul, &l->wba, s->xn, n, s->ba);
     OP(gdn_gates, s->ba, l->ssm_a, l->dt_bias, s->beta, s->g, n, hk, hv);
     st_gdn_args ga = {.q = s->qh, .k = s->k, .v = s->v, .beta = s->beta, .g = s->g,
                       .state = s->ssm[il], .out = s->att, .n = n, .h_k = hk, .h_v = hv, .d = d};

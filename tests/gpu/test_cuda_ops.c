@@ -411,20 +411,37 @@ typedef struct attn_case {
     int H, Hkv, D, n_ctx;
     st_kv_type type;
     const int *calls; // row counts, 0-terminated
+    bool qk_norm;     // the op applies the q / k norms and rope first
 } attn_case;
 
 static const char *kv_name(st_kv_type t) { return t == ST_KV_F16 ? "f16" : t == ST_KV_Q8_0 ? "q8_0" : "f32"; }
 
 static float f16_val(uint16_t h) { return st_f16_to_f32(h); }
 
-// Cache rows [from, to) of both backends: f16 / f32 bytes exactly; q8_0 within one quantum.
+// Cache rows [from, to) of both backends: f16 / f32 bytes exactly (approx: values computed on
+// each side, as the normed and rotated keys are, within one f16 step or 1e-5 for f32); q8_0
+// within one quantum.
 static void check_cache(const char *what, const st_kv_layer *kv, const void *cpu_base, const void *gpu_base,
-                        int from, int to) {
+                        int from, int to, bool approx) {
     size_t bytes = kv->row_bytes * (size_t)(to - from);
     char *g = malloc(bytes);
     const char *c = (const char *)cpu_base + kv->row_bytes * (size_t)from;
     dev_get(g, (const char *)gpu_base + kv->row_bytes * (size_t)from, bytes);
-    if (kv->type != ST_KV_Q8_0) {
+    if (approx && kv->type != ST_KV_Q8_0) {
+        size_t nv = kv->type == ST_KV_F16 ? bytes / 2 : bytes / 4;
+        for (size_t i = 0; i < nv; i++) {
+            float a, b;
+            if (kv->type == ST_KV_F16) {
+                uint16_t ha, hb;
+                memcpy(&ha, c + 2 * i, 2), memcpy(&hb, g + 2 * i, 2);
+                a = f16_val(ha), b = f16_val(hb);
+            } else {
+                memcpy(&a, c + 4 * i, 4), memcpy(&b, g + 4 * i, 4);
+            }
+            double tol = kv->type == ST_KV_F16 ? fabs(a) / 1024.0 + 1e-7 : fabs(a) * 1e-5 + 1e-7;
+            if (!(fabs(a - b) <= tol)) fail_msg("%s: cache value %zu of rows %d..%d: cpu %g gpu %g", what, i, from, to - 1, a, b);
+        }
+    } else if (kv->type != ST_KV_Q8_0) {
         for (size_t i = 0; i < bytes; i++)
             if (c[i] != g[i]) fail_msg("%s: cache byte %zu of rows %d..%d differs", what, i, from, to - 1);
     } else {
@@ -469,9 +486,20 @@ static void run_attn_case(const attn_case *ac) {
         float scale = 1.0f / sqrtf((float)D);
         st_attn_args a = {.kv = &kc, .pos_dev = &pos_h, .q = q, .k = k, .v = v, .out = out, .n = n, .pos0 = pos,
                           .n_head = H, .scale = scale};
-        cpu->ops->attention(cpu, &a);
         st_attn_args b = {.kv = &kg, .pos_dev = dpos, .q = dq, .k = dk, .v = dv, .out = dout, .n = n, .pos0 = pos,
                           .n_head = H, .scale = scale};
+        float *qn = NULL, *kn = NULL, *dqn = NULL, *dkn = NULL;
+        int32_t *rp = NULL, *drp = NULL;
+        if (ac->qk_norm) {
+            qn = rand_buf(D, 0.5f, 1.5f), kn = rand_buf(D, 0.5f, 1.5f);
+            rp = malloc(sizeof(int32_t) * n);
+            for (int i = 0; i < n; i++) rp[i] = pos + i;
+            dqn = dev_put(qn, sizeof(float) * D), dkn = dev_put(kn, sizeof(float) * D), drp = dev_put(rp, sizeof(int32_t) * n);
+            a.q_norm = qn, a.k_norm = kn, a.pos = rp;
+            b.q_norm = dqn, b.k_norm = dkn, b.pos = drp;
+            a.n_rot = b.n_rot = D, a.rope_base = b.rope_base = 1e6f, a.eps = b.eps = 1e-6f;
+        }
+        cpu->ops->attention(cpu, &a);
         gpu->ops->attention(gpu, &b);
         dev_get(got, dout, sizeof(float) * nq);
         char what[160];
@@ -479,10 +507,13 @@ static void run_attn_case(const attn_case *ac) {
                  ci, n, pos);
         // Same cache contents on both sides; the outputs differ by summation order (and, for
         // q8_0, by any value quantized one step apart).
-        check(what, out, got, nq, ac->type == ST_KV_Q8_0 ? 2e-3 : 2e-5, 1e-4);
-        check_cache(what, &kc, kc.k, kg.k, pos, pos + n);
-        check_cache(what, &kc, kc.v, kg.v, pos, pos + n);
+        // With the norms on each side, keys may round to f16 one step apart: a looser bound.
+        bool loose = ac->type == ST_KV_Q8_0 || ac->qk_norm;
+        check(what, out, got, nq, loose ? 2e-3 : 2e-5, loose ? 1e-3 : 1e-4);
+        check_cache(what, &kc, kc.k, kg.k, pos, pos + n, ac->qk_norm);
+        check_cache(what, &kc, kc.v, kg.v, pos, pos + n, false);
         pos += n;
+        if (ac->qk_norm) dev_free(dqn), dev_free(dkn), dev_free(drp), free(qn), free(kn), free(rp);
         dev_free(dq), dev_free(dk), dev_free(dv), dev_free(dout);
         free(q), free(k), free(v), free(out), free(got);
     }
@@ -494,15 +525,17 @@ static void test_attention(void **st) {
     static const int short_calls[] = {17, 1, 1, 3, 16, 100, 1, 5, 0};
     static const int long_calls[] = {333, 1000, 1700, 1, 1, 16, 1900, 17, 1, 7, 0};      // to 4977
     static const attn_case cases[] = {
-        {8, 8, 128, 256, ST_KV_F16, short_calls},   // G = 1
-        {8, 4, 64, 256, ST_KV_Q8_0, short_calls},   // G = 2
-        {32, 4, 128, 256, ST_KV_F16, short_calls},  // Qwen3-30B: G = 8
-        {32, 4, 128, 256, ST_KV_Q8_0, short_calls},
-        {16, 2, 256, 256, ST_KV_F16, short_calls},  // Qwen3-Next: G = 8, head_dim 256
-        {16, 2, 256, 256, ST_KV_Q8_0, short_calls},
-        {6, 3, 96, 256, ST_KV_F32, short_calls},    // an odd head size, f32 cache
-        {8, 1, 64, 5000, ST_KV_F16, long_calls},    // long context: the split path late
-        {2, 1, 128, 5000, ST_KV_Q8_0, long_calls},
+        {8, 8, 128, 256, ST_KV_F16, short_calls, false},   // G = 1
+        {8, 4, 64, 256, ST_KV_Q8_0, short_calls, false},   // G = 2
+        {32, 4, 128, 256, ST_KV_F16, short_calls, false},  // Qwen3-30B: G = 8
+        {32, 4, 128, 256, ST_KV_Q8_0, short_calls, false},
+        {32, 4, 128, 256, ST_KV_F16, short_calls, true}, // with the q / k norms and rope
+        {16, 2, 256, 256, ST_KV_F16, short_calls, false},  // Qwen3-Next: G = 8, head_dim 256
+        {16, 2, 256, 256, ST_KV_Q8_0, short_calls, true},
+        {16, 2, 256, 256, ST_KV_Q8_0, short_calls, false},
+        {6, 3, 96, 256, ST_KV_F32, short_calls, false},    // an odd head size, f32 cache
+        {8, 1, 64, 5000, ST_KV_F16, long_calls, false},    // long context: the split path late
+        {2, 1, 128, 5000, ST_KV_Q8_0, long_calls, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(&cases[i]);
 }

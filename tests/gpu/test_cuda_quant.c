@@ -269,6 +269,56 @@ static void test_matmul(void **state) {
     }
 }
 
+// matmul_many: each product exactly as matmul computes it alone (one launch for the matrices of
+// one type and width, one product after another for the others).
+static void test_matmul_many(void **state) {
+    (void)state;
+    static const struct { st_type t[3]; int64_t rows[3], cols; } sets[] = {
+        {{ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0}, {4096, 512, 512}, 2048}, // q, k, v of the 30B shape
+        {{ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q4_K}, {37, 8, 129}, 512},      // odd row counts
+        {{ST_TYPE_Q8_0, ST_TYPE_Q6_K, ST_TYPE_F32}, {64, 33, 16}, 256},       // mixed: one after another
+        {{ST_TYPE_Q8_0, ST_TYPE_F32, ST_TYPE_Q8_0}, {40, 16, 96}, 2048},      // two of a type (the Next's ba)
+    };
+    static const int ns[] = {1, 2, 3, 8, 16, 17};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        int64_t cols = sets[si].cols;
+        st_mat m[3];
+        const st_mat *mp[3];
+        float *y1[3], *y2[3];
+        int nmax = ns[sizeof ns / sizeof ns[0] - 1];
+        for (int i = 0; i < 3; i++) {
+            st_type t = sets[si].t[i];
+            int64_t rows = sets[si].rows[i];
+            uint8_t *w = make_weights(t, rows, cols, false);
+            void *wd = gpu->ops->upload(gpu, w, st_row_bytes(t, cols) * (size_t)rows);
+            if (!wd) fail_msg("upload failed: %s", st_error());
+            free(w);
+            m[i] = (st_mat){t, cols, rows, st_row_bytes(t, cols), wd};
+            mp[i] = &m[i];
+            y1[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+            y2[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+        }
+        float *x = rand_normal((size_t)nmax * cols, 1.0f), *xd = dev_put(x, sizeof(float) * (size_t)nmax * cols);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            int n = ns[ni];
+            for (int i = 0; i < 3; i++) gpu->ops->matmul(gpu, &m[i], xd, n, y1[i]);
+            gpu->ops->matmul_many(gpu, 3, mp, xd, n, y2);
+            for (int i = 0; i < 3; i++) {
+                size_t cnt = (size_t)n * m[i].rows;
+                float *a = xmalloc(sizeof(float) * cnt), *b = xmalloc(sizeof(float) * cnt);
+                dev_get(a, y1[i], sizeof(float) * cnt);
+                dev_get(b, y2[i], sizeof(float) * cnt);
+                if (memcmp(a, b, sizeof(float) * cnt))
+                    fail_msg("matmul_many set %zu matrix %d (%s %lld x %lld) n=%d: differs from matmul", si, i,
+                             st_type_name(m[i].type), (long long)m[i].rows, (long long)cols, n);
+                free(a), free(b);
+            }
+        }
+        for (int i = 0; i < 3; i++) dev_free((void *)m[i].data), dev_free(y1[i]), dev_free(y2[i]);
+        dev_free(xd), free(x);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // get_rows: exact.
 
@@ -733,6 +783,7 @@ int main(int argc, char **argv) {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_get_rows),
             cmocka_unit_test(test_matmul),
+            cmocka_unit_test(test_matmul_many),
             cmocka_unit_test(test_matmul_mma),
             cmocka_unit_test(test_moe),
         };

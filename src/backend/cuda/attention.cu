@@ -827,6 +827,7 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
                          kv->n_head_kv);
         return;
     }
+    if (a->q_norm) st_cuda_norm_rope_qk(b, a);
     attn_params p = {};
     p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
     p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out, p.nv = nv;

@@ -333,6 +333,7 @@ static const st_backend_ops cuda_ops = {
     .mem_free = cuda_mem_free,
     .mem_total = cuda_mem_total,
     .matmul = st_cuda_matmul,
+    .matmul_many = st_cuda_matmul_many,
     .get_rows = st_cuda_get_rows,
     .rmsnorm = st_cuda_rmsnorm,
     .add_rmsnorm = st_cuda_add_rmsnorm,

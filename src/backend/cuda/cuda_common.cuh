@@ -69,6 +69,14 @@ __device__ __forceinline__ void st_pdl_begin() {
 #endif
 }
 
+// Asks L2 for bytes [0, n) at p, the block's threads taking 128-byte lines in turn. Weight
+// kernels call it before st_pdl_begin (weights are never written by a kernel), so the lines
+// stream in while the kernel before finishes.
+__device__ __forceinline__ void prefetch_l2(const void *p, size_t n) {
+    for (size_t off = (size_t)threadIdx.x * 128; off < n; off += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
+}
+
 // Launches kernel k on c->stream (with programmatic dependent launch when c->pdl); a failed
 // launch is kept as the backend's error. Arguments convert implicitly to the kernel's parameter
 // types, as in a call (a null pointer is nullptr here: NULL would arrive as an integer).
@@ -110,6 +118,7 @@ void st_cuda_profile_report(void);
 
 // quant_matmul.cu: quantized weights
 void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y);
+void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y);
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
 void st_cuda_moe(st_backend *b, const st_moe_args *a);
 bool st_cuda_type_supported(st_type t);  // matmul / get_rows / moe handle this weight type
@@ -123,6 +132,7 @@ void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_hea
                        const int32_t *pos, float base, float eps);
 void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
                   const int32_t *pos, float base);
+void st_cuda_norm_rope_qk(st_backend *b, const st_attn_args *a); // a's q and k norms and rope, one launch
 void st_cuda_conv(st_backend *b, const st_conv_args *a);
 void st_cuda_add(st_backend *b, float *y, const float *x, int64_t n);
 void st_cuda_swiglu(st_backend *b, const float *gate, const float *up, float *y, int64_t n);

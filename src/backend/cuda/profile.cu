@@ -50,6 +50,12 @@ static void p_matmul(st_backend *b, const st_mat *w, const float *x, int n, floa
              (long long)w->cols, rows_class(n));
     TIMED(b, key, inner->matmul(b, w, x, n, y));
 }
+static void p_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
+    char key[96];
+    snprintf(key, sizeof key, "matmul_many %d x %s %lldx%lld %s", nw, st_type_name(w[0]->type), (long long)w[0]->rows,
+             (long long)w[0]->cols, rows_class(n));
+    TIMED(b, key, inner->matmul_many(b, nw, w, x, n, y));
+}
 static void p_moe(st_backend *b, const st_moe_args *a) {
     char key[96];
     snprintf(key, sizeof key, "moe %s/%s %s", st_type_name(a->gate->type), st_type_name(a->down->type),
@@ -118,6 +124,7 @@ const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real) {
     ops = *real;
     ops.name = "cuda";
     ops.matmul = p_matmul;
+    ops.matmul_many = p_matmul_many;
     ops.moe = p_moe;
     ops.attention = p_attention;
     ops.gdn = p_gdn;

@@ -349,14 +349,6 @@ __device__ __forceinline__ void any_row_dot(const uint8_t *wrow, int cols, const
     }
 }
 
-// Asks L2 for bytes [0, n) at p, the block's threads taking 128-byte lines in turn. Weight
-// kernels call it before st_pdl_begin (weights are never written by a kernel), so the lines
-// stream in while the kernel before finishes.
-__device__ __forceinline__ void prefetch_l2(const uint8_t *p, size_t n) {
-    for (size_t off = (size_t)threadIdx.x * 128; off < n; off += (size_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
-}
-
 // ---------------------------------------------------------------------------------------------
 // matmul, n <= 16: y (n, rows); warp w of block b computes row 4b + w for every x row.
 
@@ -489,26 +481,40 @@ template <int T> __device__ __forceinline__ void prefetch_chunk(const uint8_t *r
     asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (size_t)(c / CPB) * BS + (c % CPB) * BS / CPB));
 }
 
-struct st_mv2_args {
+// One matrix of an mmv2 launch: its blocks are blockIdx.x = first .. the next matrix's first.
+struct st_mv2_mat {
     const uint8_t *w;
     size_t row_bytes;
     int64_t rows;
+    float *y;           // (nx, rows)
+    unsigned first;
+};
+
+struct st_mv2_args {
+    st_mv2_mat m[ST_MATMUL_MANY]; // matrices of one type and width sharing x (matmul_many)
+    int nm;
     int cols, nx;
     const float *x;     // (nx, cols) floats: quantized by each block when fused
     const int8_t *xq;   // otherwise: quantized x in the split layout (global memory)
     const float2 *xds;
     bool fused;
-    float *y;           // (nx, rows)
 };
 
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     extern __shared__ __align__(16) uint8_t mv_smem[];
     int nchunk = p.cols / 32, nx = p.nx;
+    st_mv2_mat m = p.m[0]; // (constant indices: the parameters stay in the constant bank)
+#pragma unroll
+    for (int i = 1; i < ST_MATMUL_MANY; i++)
+        if (i < p.nm && blockIdx.x >= p.m[i].first) m = p.m[i];
+    const uint8_t *W = m.w;
+    const size_t row_bytes = m.row_bytes;
+    const int64_t rows = m.rows, blk = blockIdx.x - m.first;
     // The block's weight rows (contiguous) arrive while the kernel before finishes.
     {
-        int64_t r0 = (int64_t)blockIdx.x * ST_MV_ROWS;
-        prefetch_l2(p.w + (size_t)r0 * p.row_bytes, (size_t)(min(r0 + ST_MV_ROWS, p.rows) - r0) * p.row_bytes);
+        int64_t r0 = blk * ST_MV_ROWS;
+        prefetch_l2(W + (size_t)r0 * row_bytes, (size_t)(min(r0 + ST_MV_ROWS, rows) - r0) * row_bytes);
     }
     st_pdl_begin();
     const int8_t *xq = p.xq;
@@ -522,11 +528,11 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
         xds = sds;
     }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t r0 = (int64_t)blockIdx.x * ST_MV_ROWS + warp * ST_MV_R;
-    if (r0 >= p.rows) return;
+    int64_t r0 = blk * ST_MV_ROWS + warp * ST_MV_R;
+    if (r0 >= rows) return;
     const uint8_t *wr[ST_MV_R];
 #pragma unroll
-    for (int i = 0; i < ST_MV_R; i++) wr[i] = p.w + (size_t)(r0 + i < p.rows ? r0 + i : r0) * p.row_bytes;
+    for (int i = 0; i < ST_MV_R; i++) wr[i] = W + (size_t)(r0 + i < rows ? r0 + i : r0) * row_bytes;
     float acc[ST_MV_R][NX];
 #pragma unroll
     for (int i = 0; i < ST_MV_R; i++)
@@ -548,35 +554,43 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
             }
         }
     }
+    float *y = m.y;
 #pragma unroll
     for (int i = 0; i < ST_MV_R; i++)
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float s = warp_sum_q(acc[i][j]);
-            if (lane == 0 && j < nx && r0 + i < p.rows) p.y[(size_t)j * p.rows + r0 + i] = s;
+            if (lane == 0 && j < nx && r0 + i < rows) y[(size_t)j * rows + r0 + i] = s;
         }
 }
 
-// Quantized weights, n <= 16: false when this path does not apply (x not 16-byte aligned).
+// Quantized weights of type T, all nw matrices cols wide, n <= 16: one launch; false when this
+// path does not apply (x not 16-byte aligned).
 template <int T>
-static bool mmv2_launch(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
-    if (((uintptr_t)x & 15) || w->cols % 32) return false;
-    st_mv2_args p = {(const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, n, x, NULL, NULL, false, y};
-    size_t xbytes = (size_t)n * w->cols + sizeof(float2) * (size_t)n * (w->cols / 32);
+static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
+    int64_t cols = w[0]->cols;
+    if (((uintptr_t)x & 15) || cols % 32 || nw > ST_MATMUL_MANY) return false;
+    st_mv2_args p = {};
+    unsigned blocks = 0;
+    for (int i = 0; i < nw; i++) {
+        p.m[i] = {(const uint8_t *)w[i]->data, w[i]->row_bytes, w[i]->rows, y[i], blocks};
+        blocks += (unsigned)((w[i]->rows + ST_MV_ROWS - 1) / ST_MV_ROWS);
+    }
+    p.nm = nw, p.cols = (int)cols, p.nx = n, p.x = x;
+    size_t xbytes = (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32);
     size_t smem = 0;
     if (n <= ST_MV_FUSED_MAX && xbytes <= ST_MV_SMEM_MAX) {
         p.fused = true;
         smem = xbytes;
     } else {
-        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ACT, align_up16((size_t)n * w->cols) + sizeof(float2) * (size_t)n * (w->cols / 32));
+        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ACT, align_up16((size_t)n * cols) + sizeof(float2) * (size_t)n * (cols / 32));
         if (!buf) return true; // error kept
         p.xq = (const int8_t *)buf;
-        p.xds = (const float2 *)(buf + align_up16((size_t)n * w->cols));
-        st_launch(c, quant_split_kernel, n, 256, 0, x, n, (int)w->cols, (int8_t *)p.xq, (float2 *)p.xds);
+        p.xds = (const float2 *)(buf + align_up16((size_t)n * cols));
+        st_launch(c, quant_split_kernel, n, 256, 0, x, n, (int)cols, (int8_t *)p.xq, (float2 *)p.xds);
         ST_CU_LAUNCHED(c, "quant_split_kernel");
     }
-    dim3 grid((unsigned)((w->rows + ST_MV_ROWS - 1) / ST_MV_ROWS));
-#define L(NX) st_launch(c, mmv2_kernel<T, NX>, grid, 32 * ST_MV_WARPS, smem, p)
+#define L(NX) st_launch(c, mmv2_kernel<T, NX>, blocks, 32 * ST_MV_WARPS, smem, p)
     if (n == 1) L(1);
     else if (n == 2) L(2);
     else if (n <= 4) L(4);
@@ -871,7 +885,7 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
     if (!is_float_type(w->type) && !env_on("STRATA_CUQ_OLD")) {
         bool done = false;
         switch (w->type) {
-#define CASE(T) case T: done = mmv2_launch<T>(c, w, x, n, y); break;
+#define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, x, n, &y); break;
             ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
         default: break;
@@ -890,6 +904,39 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
 #undef CASE
     default: break; // check_mat refused it
     }
+}
+
+void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || nw <= 0 || nw > ST_MATMUL_MANY || c->err) return;
+    // Windows: the matrices that share a quantized type and width as one launch of the n <= 16
+    // matrix-vector kernel; the rest (and prompt chunks) one product after another.
+    bool done[ST_MATMUL_MANY] = {false};
+    bool windows = n < ST_CUQ_GEMM_FROM && !env_on("STRATA_CUQ_OLD");
+    for (int i = 0; i < nw; i++) {
+        if (done[i] || !windows || is_float_type(w[i]->type)) continue;
+        const st_mat *gw[ST_MATMUL_MANY];
+        float *gy[ST_MATMUL_MANY];
+        int g = 0;
+        for (int j = i; j < nw; j++)
+            if (!done[j] && w[j]->type == w[i]->type && w[j]->cols == w[i]->cols) gw[g] = w[j], gy[g++] = y[j];
+        if (g < 2) continue;
+        for (int k = 0; k < g; k++)
+            if (!check_mat(c, "matmul", gw[k]->type, gw[k]->cols, gw[k]->rows, gw[k]->data, gw[k]->row_bytes)) return;
+        if (!quant_tables(c)) return;
+        bool ok = false;
+        switch (w[i]->type) {
+#define CASE(T) case T: ok = mmv2_launch<T>(c, g, gw, x, n, gy); break;
+            ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+        default: break;
+        }
+        if (!ok) continue;
+        for (int j = i; j < nw; j++)
+            if (w[j]->type == w[i]->type && w[j]->cols == w[i]->cols) done[j] = true;
+    }
+    for (int i = 0; i < nw; i++)
+        if (!done[i]) st_cuda_matmul(b, w[i], x, n, y[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1165,8 +1212,11 @@ static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 #define ST_MOE2_SMEM_MAX (32 * 1024) // dynamic: the quantized member rows (static: the plan, 12 KB)
 
 struct st_moe2_args {
-    const int32_t *ids;
-    int na, k, n_expert;
+    const int32_t *ids;      // (na) router ids; with slot_map, matrix slot_map[id] (-1: not here)
+    const int32_t *slot_map; // (n_route) or NULL: id = matrix
+    int na, k, n_expert;     // n_expert: matrices in the stacks
+    int n_route;             // the router's expert count (slot_map's length, counts' range)
+    uint32_t *counts;        // gate/up only: counts[id] += 1 per valid assignment (or NULL)
     const uint8_t *wg, *wu; // expert 0 of gate and up (gate/up kernel) or of down (wg only)
     size_t g_row_bytes, g_mat, u_row_bytes, u_mat;
     int64_t rows;
@@ -1175,7 +1225,17 @@ struct st_moe2_args {
     int rdiv;        // k (gate/up) or 1 (down)
     int gcap;        // members quantized and computed at a time (<= NX; shared memory bound)
     float *out;      // (na, rows) by assignment
+    // Down only, or NULL: the last block of each row tile sums the weighted outputs of the
+    // tile's rows into y (n, rows) (= or += with add), as moe_combine_kernel does.
+    float *y;
+    const float *wts; // (na)
+    bool add;
 };
+
+// Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
+// counter back to zero (kernels on the stream never overlap, so one array serves every layer).
+#define ST_MOE2_MAX_TILES 4096
+__device__ unsigned moe2_counters[ST_MOE2_MAX_TILES];
 
 // Slot blockIdx.y's expert (*e) and members (s_asg, ascending): the u-th distinct valid expert
 // in order of first appearance, as moe_plan_kernel numbers them. Returns the member count
@@ -1185,6 +1245,7 @@ __device__ int moe2_members(const st_moe2_args &p, int *s_e, int *s_lead, int *s
     int tid = threadIdx.x, nt = blockDim.x, na = p.na;
     for (int a = tid; a < na; a += nt) {
         int v = p.ids[a];
+        if (p.slot_map) v = v >= 0 && v < p.n_route ? p.slot_map[v] : -1;
         s_e[a] = v >= 0 && v < p.n_expert ? v : -1;
     }
     if (tid == 0) s_sel = -1;
@@ -1225,13 +1286,9 @@ __device__ int moe2_members(const st_moe2_args &p, int *s_e, int *s_lead, int *s
 // rows per warp. More rows per warp keep more loads in flight per lane and share each block's
 // member plan and quantized rows among more weight rows (at one row the down product, whose
 // rows are only 24 chunks long at the 30B shape, is otherwise mostly the block's set-up).
+// The rows of one expert (e, with m members s_asg) a block of moe2_kernel computes.
 template <int T, int NX, bool GATE, int P>
-__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
-    st_pdl_begin();
-    __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX], s_asg[ST_CUQ_PLAN_MAX];
-    extern __shared__ __align__(16) uint8_t moe2_smem[];
-    int e, m = moe2_members(p, s_e, s_lead, s_asg, &e);
-    if (m == 0) return;
+__device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem) {
     constexpr int R = 2 * P;             // weight rows per warp
     constexpr int WR = GATE ? P : 2 * P; // output rows per warp
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1299,6 +1356,51 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
     }
 }
 
+template <int T, int NX, bool GATE, int P>
+__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
+    st_pdl_begin();
+    __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX], s_asg[ST_CUQ_PLAN_MAX];
+    extern __shared__ __align__(16) uint8_t moe2_smem[];
+    if (GATE && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
+        for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
+            int v = p.ids[a];
+            if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
+        }
+    int e, m = moe2_members(p, s_e, s_lead, s_asg, &e);
+    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem);
+    if (GATE || !p.y) return;
+
+    // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
+    // valid assignments, in the order moe_combine_kernel sums them. Every block of the tile
+    // (idle slots too) counts itself in after its outputs are published.
+    __shared__ unsigned s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned prev = atomicAdd(&moe2_counters[blockIdx.x], 1u);
+        s_last = prev == gridDim.y - 1;
+        if (s_last) moe2_counters[blockIdx.x] = 0;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    constexpr int TILE = ST_MOE2_WARPS * 2 * P;
+    int n = p.na / p.k;
+    for (int t = threadIdx.x; t < n * TILE; t += blockDim.x) {
+        int i = t / TILE;
+        int64_t r = (int64_t)blockIdx.x * TILE + t % TILE;
+        if (r >= p.rows) continue;
+        float acc = 0.0f;
+        for (int j = 0; j < p.k; j++) {
+            int a = i * p.k + j;
+            if (s_e[a] < 0) continue;
+            acc += p.wts[a] * __ldcg(p.out + (size_t)a * p.rows + r);
+        }
+        float *yr = p.y + (size_t)i * p.rows + r;
+        *yr = p.add ? *yr + acc : acc;
+    }
+}
+
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
 // 2,380 -> 2,500 tok/s); windows keep one, whose R x NX sums would fill the registers.
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
@@ -1312,6 +1414,18 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     else L(16, 1);
 #undef L
     ST_CU_LAUNCHED(c, "moe2_kernel");
+}
+
+// ids -> cache slots (slot_map; -1: not in this stack), counting the routed experts on the way.
+__global__ void moe_map_kernel(const int32_t *ids, int na, int n_expert, const int32_t *slot_map, uint32_t *counts,
+                               int32_t *out) {
+    st_pdl_begin();
+    int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a >= na) return;
+    int e = ids[a];
+    bool ok = e >= 0 && e < n_expert;
+    if (ok && counts) atomicAdd(&counts[e], 1u);
+    out[a] = !ok ? -1 : slot_map ? slot_map[e] : e;
 }
 
 // The one-launch-per-matrix experts: quantized gate == up types and a quantized down, x
@@ -1334,6 +1448,9 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
 
     st_moe2_args p = {};
     p.ids = a->ids;
+    p.slot_map = a->slot_map;
+    p.n_route = a->slot_map ? a->n_expert : E;
+    p.counts = a->counts;
     p.na = na;
     p.k = k;
     p.n_expert = E;
@@ -1357,6 +1474,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     }
 
     st_moe2_args q = p;
+    q.counts = NULL;
     q.wg = (const uint8_t *)down->data;
     q.wu = NULL;
     q.g_row_bytes = down->row_bytes;
@@ -1367,6 +1485,10 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     q.rdiv = 1;
     q.gcap = cap_d < nxt ? cap_d : nxt;
     q.out = o;
+    // The down kernel's last blocks combine (its row tiles: see moe2_launch), else a kernel does.
+    int tile = ST_MOE2_WARPS * 2 * (n == 1 ? 4 : 1);
+    bool fused = (d + tile - 1) / tile <= ST_MOE2_MAX_TILES;
+    if (fused) q.y = a->y, q.wts = a->weights, q.add = a->accumulate;
     switch (down->type) {
 #define CASE(T) case T: moe2_launch<T, false>(c, q, n); break;
         ST_CUQ_QUANT_TYPES(CASE)
@@ -1374,8 +1496,18 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     default: break;
     }
 
+    if (fused) return true;
     int64_t ny = (int64_t)n * d;
-    st_launch(c, moe_combine_kernel, (unsigned)((ny + 255) / 256), 256, 0, o, nullptr, a->ids, a->weights, n, k, E,
+    const int32_t *ids = a->ids;
+    if (a->slot_map) { // the combine reads slots
+        int32_t *mapped = (int32_t *)st_cuda_scratch(c, ST_SCR_MOEMAP, sizeof(int32_t) * (size_t)na);
+        if (!mapped) return true;
+        st_launch(c, moe_map_kernel, (unsigned)((na + 127) / 128), 128, 0, a->ids, na, a->n_expert, a->slot_map,
+                  (uint32_t *)NULL, mapped);
+        ST_CU_LAUNCHED(c, "moe_map_kernel");
+        ids = mapped;
+    }
+    st_launch(c, moe_combine_kernel, (unsigned)((ny + 255) / 256), 256, 0, o, nullptr, ids, a->weights, n, k, E,
                                                                               (int)d, a->y, a->accumulate);
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
     return true;
@@ -1730,21 +1862,29 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
     ST_CU_LAUNCHED(c, "moe_combine_kernel");
 }
 
-// ids -> cache slots (slot_map; -1: not in this stack), counting the routed experts on the way.
-__global__ void moe_map_kernel(const int32_t *ids, int na, int n_expert, const int32_t *slot_map, uint32_t *counts,
-                               int32_t *out) {
-    st_pdl_begin();
-    int a = blockIdx.x * blockDim.x + threadIdx.x;
-    if (a >= na) return;
-    int e = ids[a];
-    bool ok = e >= 0 && e < n_expert;
-    if (ok && counts) atomicAdd(&counts[e], 1u);
-    out[a] = !ok ? -1 : slot_map ? slot_map[e] : e;
-}
 
 void st_cuda_moe(st_backend *b, const st_moe_args *a) {
     st_cuda *c = st_cuda_of(b);
     if (a->n <= 0 || c->err) return;
+    const st_mat3 *g = a->gate, *u = a->up, *dn = a->down;
+    if (g->n > 0) {
+        if (a->k <= 0 || g->cols != u->cols || g->rows != u->rows || g->n != u->n || dn->n != g->n ||
+            dn->cols != g->rows || dn->rows != g->cols) {
+            CUQ_FAIL(c, "moe: layer %d: mismatched expert shapes", a->layer);
+            return;
+        }
+        if (!check_mat(c, "moe gate", g->type, g->cols, g->rows, g->data, g->row_bytes) ||
+            !check_mat(c, "moe up", u->type, u->cols, u->rows, u->data, u->row_bytes) ||
+            !check_mat(c, "moe down", dn->type, dn->cols, dn->rows, dn->data, dn->row_bytes) || !quant_tables(c))
+            return;
+        // Activations are quantized in blocks of 32 along d (gate, up) and F (down).
+        if ((!is_float_type(g->type) && g->cols % 32) || (!is_float_type(dn->type) && dn->cols % 32)) {
+            CUQ_FAIL(c, "moe: layer %d: sizes not multiples of 32", a->layer);
+            return;
+        }
+        // Windows: two launches that map and count the ids themselves.
+        if (a->n <= ST_CUDA_GRAPH_ROWS && moe_small2(c, a)) return;
+    }
     st_moe_args mapped;
     if (a->slot_map || a->counts) {
         int na = a->n * a->k, E = a->slot_map ? a->n_expert : (int)a->gate->n;
@@ -1754,29 +1894,16 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
         ST_CU_LAUNCHED(c, "moe_map_kernel");
         mapped = *a;
         mapped.ids = ids;
+        mapped.slot_map = NULL;
+        mapped.counts = NULL;
         a = &mapped;
     }
-    if (a->gate->n == 0) { // an empty cache stack: nothing here
+    if (g->n == 0) { // an empty cache stack: nothing here
         if (!a->accumulate) ST_CU(c, cudaMemsetAsync(a->y, 0, sizeof(float) * (size_t)a->n * a->gate->cols, c->stream));
         return;
     }
-    const st_mat3 *g = a->gate, *u = a->up, *dn = a->down;
-    if (a->k <= 0 || g->cols != u->cols || g->rows != u->rows || g->n != u->n || dn->n != g->n ||
-        dn->cols != g->rows || dn->rows != g->cols || g->n <= 0) {
-        CUQ_FAIL(c, "moe: layer %d: mismatched expert shapes", a->layer);
-        return;
-    }
-    if (!check_mat(c, "moe gate", g->type, g->cols, g->rows, g->data, g->row_bytes) ||
-        !check_mat(c, "moe up", u->type, u->cols, u->rows, u->data, u->row_bytes) ||
-        !check_mat(c, "moe down", dn->type, dn->cols, dn->rows, dn->data, dn->row_bytes) || !quant_tables(c))
-        return;
-    // Activations are quantized in blocks of 32 along d (gate, up) and F (down).
-    if ((!is_float_type(g->type) && g->cols % 32) || (!is_float_type(dn->type) && dn->cols % 32)) {
-        CUQ_FAIL(c, "moe: layer %d: sizes not multiples of 32", a->layer);
-        return;
-    }
     if (a->n <= ST_CUDA_GRAPH_ROWS) {
-        if (!moe_small2(c, a)) moe_small(c, a);
+        moe_small(c, a);
     } else {
         if (c->capturing) {
             CUQ_FAIL(c, "moe of %d rows while recording a graph (at most %d)", a->n, ST_CUDA_GRAPH_ROWS);
