@@ -1,13 +1,13 @@
 // bench: the CPU pool's routed experts for decode windows (host_moe's small path, through
 // st_experts_compute on the CPU backend), timed per layer call on synthetic Q4_K experts held in
-// memory (more than the caches hold, so weights come from DRAM as in decode). Prints the path
-// (STRATA_HOST_MOE_OLD selects the previous one), the time per layer, the expert bytes per
-// second, and a checksum of the outputs (old and new must print the same). Not part of the
-// build; from the repository root, with /tmp/bh a Release build:
+// memory (more than the caches hold, so weights come from DRAM as in decode). Prints the time
+// per layer, the expert bytes per second, and a checksum of the outputs (two versions of the
+// path must print the same). Not part of the build; from the repository root, with /tmp/bh a
+// Release build:
 //   cc -O2 -std=c11 -D_GNU_SOURCE bench/host_moe_bench.c -Isrc /tmp/bh/libst_experts.a
 //      /tmp/bh/libst_backend.a /tmp/bh/libst_quant.a /tmp/bh/libst_util.a -lm -lpthread -o /tmp/hmb
 //   usage: hmb THREADS D F E K N[,N...] [CALLS]      e.g. hmb 2 2048 768 128 8 1,2,4,8
-// Interleave old/new runs (STRATA_HOST_MOE_OLD=1 hmb ... ; hmb ...) on a shared machine.
+// Interleave the runs of two builds on a shared machine.
 
 #include <math.h>
 #include <stdint.h>
@@ -56,7 +56,6 @@ int main(int argc, char **argv) {
     }
     int nth = atoi(argv[1]), d = atoi(argv[2]), F = atoi(argv[3]), E = atoi(argv[4]), k = atoi(argv[5]);
     int calls = argc > 7 ? atoi(argv[7]) : 400;
-    const char *old = getenv("STRATA_HOST_MOE_OLD");
     st_backend *b;
     if (st_backend_cpu_create(nth, &b)) return 1;
     st_mat3 gate = q4k_stack(F, d, E), up = q4k_stack(F, d, E), down = q4k_stack(d, F, E);
@@ -73,8 +72,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nmax * d; i++) x[i] = sinf(0.37f * (float)i) + 0.1f * cosf(0.013f * (float)i);
     for (int i = 0; i < nmax * k; i++) wt[i] = 1.0f / (float)k;
     double gb_expert = (double)(gate.mat_bytes + up.mat_bytes + down.mat_bytes) / 1e9;
-    printf("host_moe_bench: path %s, %d threads, d=%d F=%d E=%d k=%d q4_K, %d calls (%.0f MB of experts)\n",
-           old && atoi(old) ? "old (STRATA_HOST_MOE_OLD=1)" : "new", nth, d, F, E, k, calls, gb_expert * E * 1e3);
+    printf("host_moe_bench: %d threads, d=%d F=%d E=%d k=%d q4_K, %d calls (%.0f MB of experts)\n", nth, d, F, E, k,
+           calls, gb_expert * E * 1e3);
     for (char *tok = strtok(argv[6], ","); tok; tok = strtok(NULL, ",")) {
         int n = atoi(tok);
         if (n < 1 || n > nmax) continue;

@@ -170,47 +170,15 @@ typedef struct moe_pass {
     const int32_t *experts; // (n_active) expert ids
     const int32_t *start;   // (n_active + 1) first assignment of each active expert
     int n_active, chunk, n_chunks_per_expert;
-    // Small batches: each worker makes the input rows of the expert it works on itself, into
-    // its own buffer (make->x set: the quantized inputs; make->g set: silu(gate)·up quantized),
-    // so the pass needs no pool run of its own before it. NULL: xq is ready.
-    const act_job *make;
-    char *own;              // (threads, own_stride) quantized rows
-    size_t own_stride;
-    float *own_f;           // (threads, make->f) one activation row
 } moe_pass;
-
-// Expert a's input rows into buf (the make step of a small batch).
-static void make_rows(const moe_pass *p, int a, char *buf, float *tmp) {
-    const act_job *j = p->make;
-    for (int gi = p->start[a]; gi < p->start[a + 1]; gi++) {
-        char *q = buf + (size_t)(gi - p->start[a]) * p->xs;
-        if (j->x) {
-            st_quantize(j->type, j->x + (size_t)(j->order[gi] / j->k) * j->d, q, j->d);
-        } else {
-            const float *g = j->g + (size_t)gi * j->f, *u = j->u + (size_t)gi * j->f;
-            for (int c = 0; c < j->f; c++) tmp[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
-            st_quantize(j->type, tmp, q, j->f);
-        }
-    }
-}
 
 static void moe_pass_worker(void *ctx, int ith, int nth) {
     const moe_pass *p = ctx;
     int per = p->n_chunks_per_expert, total = p->n_active * per;
-    // With a make step, each thread takes a contiguous range of items (mostly one expert's
-    // chunks), so it makes each expert's rows once; else items interleave over the threads.
-    int t0 = p->make ? (int)((int64_t)total * ith / nth) : ith, t1 = p->make ? (int)((int64_t)total * (ith + 1) / nth) : total;
-    int step = p->make ? 1 : nth, made = -1;
-    char *own = p->make ? p->own + (size_t)ith * p->own_stride : NULL;
-    for (int t = t0; t < t1; t += step) {
+    for (int t = ith; t < total; t += nth) {
         int a = t / per, c = t % per;
         int e = p->experts[a], m = p->start[a + 1] - p->start[a];
         const char *xq = p->xq + (size_t)p->start[a] * p->xs;
-        if (p->make) {
-            if (made != a) make_rows(p, a, own, p->own_f + (size_t)ith * p->make->f);
-            made = a;
-            xq = own;
-        }
         for (int wi = 0; wi < 2 && p->w[wi]; wi++) {
             const st_mat3 *w = p->w[wi];
             int64_t r0 = (int64_t)c * p->chunk, r1 = r0 + p->chunk < w->rows ? r0 + p->chunk : w->rows;
@@ -244,20 +212,6 @@ static void swiglu_quantize(void *ctx, int ith, int nth) {
 
 // Assignments (rows times choices) up to which a batch is a small window: one pool job a layer.
 #define SMALL_ASSIGNMENTS 64
-
-// STRATA_HOST_MOE_OLD=1: the previous small-window path (two pool runs a layer, each work item
-// making its expert's input rows itself), kept only so the one-job path can be A/B'd against it
-// in one run on the 16-core GPU machine; read once. Remove it (and that path) after the measurement.
-static bool host_moe_old(void) {
-    static int old = -1; // racing first reads all store the same value
-    int v = __atomic_load_n(&old, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *e = getenv("STRATA_HOST_MOE_OLD");
-        v = e && atoi(e) != 0;
-        __atomic_store_n(&old, v, __ATOMIC_RELAXED);
-    }
-    return v == 1;
-}
 
 // Elements of a row quantized as one unit of the small path's make steps: rows are split so
 // every thread can help make them (a Q8_K row of 2048 costs ~10 us on one core). A multiple of
@@ -405,18 +359,15 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
                        "activation types", layer, st_type_name(gate->type), st_type_name(up->type));
     size_t xs = st_row_bytes(gdt, d), hs = st_row_bytes(ddt, F);
 
-    // Small batches run as one pool job (small_job); with STRATA_HOST_MOE_OLD, they make each
-    // expert's input rows inside the two passes instead.
+    // Small batches run as one pool job (small_job), larger ones as four pool runs.
     int nth = st_pool_size(pool) > 0 ? st_pool_size(pool) : 1;
-    bool small = na <= SMALL_ASSIGNMENTS, old = small && host_moe_old();
-    size_t own_stride = old ? ((size_t)na * (xs > hs ? xs : hs) + 63) / 64 * 64 : 0;
+    bool small = na <= SMALL_ASSIGNMENTS;
     int nseg = (F + SMALL_SEG - 1) / SMALL_SEG;
     // Workspace: expert lists, assignment lists, quantized inputs, gate/up/act outputs, down
-    // outputs; the unit counters of a small job, or the threads' own rows of the old path.
+    // outputs; the unit counters of a small job.
     size_t need = sizeof(int32_t) * ((size_t)E + 1) * 3 + sizeof(int32_t) * na * 2 + xs * na +
                   sizeof(float) * (size_t)na * (2 * F + d) + hs * na + 64 * 11 +
-                  (small ? sizeof(int) * (size_t)na * nseg : 0) +
-                  (old ? own_stride * nth + sizeof(float) * (size_t)nth * F : 0);
+                  (small ? sizeof(int) * (size_t)na * nseg : 0);
     if (need > ex->ws_bytes) {
         st_free(ex->ws);
         ex->ws = st_alloc(need);
@@ -441,14 +392,8 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     TAKE(hu, sizeof(float) * (size_t)na * F);
     TAKE(hq, hs * na);
     TAKE(yo, sizeof(float) * (size_t)na * d);
-    char *own = NULL;
-    float *own_f = NULL;
     _Atomic int *left = NULL;
     if (small) TAKE(left, sizeof(int) * (size_t)na * nseg);
-    if (old) {
-        TAKE(own, own_stride * nth);
-        TAKE(own_f, sizeof(float) * (size_t)nth * F);
-    }
 #undef TAKE
 
     // Group the (row, slot) assignments by expert: order[] lists them expert by expert, and
@@ -478,7 +423,7 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     for (int i = 0; i < na; i++) inv[i] = -1;
     for (int gi = 0; gi < valid; gi++) inv[order[gi]] = gi;
 
-    if (small && !old) {
+    if (small) {
         small_job j = {.pool = pool, .gate = gate, .up = up, .down = down, .x = x, .n = n, .k = k, .d = d, .F = F,
                        .inv = inv, .experts = experts, .start = start, .n_active = n_active, .gdt = gdt,
                        .ddt = ddt, .xq = xq, .xs = xs, .hg = hg, .hu = hu, .hq = hq, .hs = hs, .yo = yo,
@@ -498,19 +443,17 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
     } else {
         // Quantize each assignment's input row in grouped order.
         act_job qj = {.x = x, .order = order, .k = k, .d = d, .type = gdt, .q = xq, .qs = xs, .n = valid};
-        if (!small) st_pool_run(pool, quantize_inputs, &qj);
+        st_pool_run(pool, quantize_inputs, &qj);
 
         moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
-                       .start = start, .n_active = n_active, .make = small ? &qj : NULL, .own = own,
-                       .own_stride = own_stride, .own_f = own_f};
+                       .start = start, .n_active = n_active};
         run_pass(pool, &p1, F);
 
         act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
-        if (!small) st_pool_run(pool, swiglu_quantize, &aj);
+        st_pool_run(pool, swiglu_quantize, &aj);
 
         moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
-                       .start = start, .n_active = n_active, .make = small ? &aj : NULL, .own = own,
-                       .own_stride = own_stride, .own_f = own_f};
+                       .start = start, .n_active = n_active};
         run_pass(pool, &p2, d);
     }
 
