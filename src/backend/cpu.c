@@ -39,18 +39,30 @@ static void *scratch_get(st_backend *b, size_t bytes) {
     return b->scratch;
 }
 
-static void cpu_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
+// x quantized to w's dot type in the scratch; `have` (or NULL): w's type and width whose rows
+// are already there, so the products of one input with several matrices quantize it once.
+static const char *quantized_input(st_backend *b, const st_mat *w, const float *x, int n, const st_mat *have) {
     st_type dt = st_type_get(w->type)->dot_type;
     size_t xs = st_row_bytes(dt, w->cols);
     char *xq = scratch_get(b, xs * (size_t)n);
+    if (have && st_type_get(have->type)->dot_type == dt && have->cols == w->cols) return xq;
     for (int i = 0; i < n; i++) st_quantize(dt, x + (size_t)i * w->cols, xq + i * xs, w->cols);
+    return xq;
+}
+
+static void cpu_product(st_backend *b, const st_mat *w, const char *xq, int n, float *y) {
+    size_t xs = st_row_bytes(st_type_get(w->type)->dot_type, w->cols);
     st_matmul_args a = {.type = w->type, .w = w->data, .n = w->cols, .rows = w->rows,
                         .x = xq, .x_stride = xs, .nx = n, .y = y, .ldy = w->rows};
     st_matmul(b->pool, &a);
 }
 
+static void cpu_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
+    cpu_product(b, w, quantized_input(b, w, x, n, NULL), n, y);
+}
+
 static void cpu_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
-    for (int i = 0; i < nw; i++) cpu_matmul(b, w[i], x, n, y[i]);
+    for (int i = 0; i < nw; i++) cpu_product(b, w[i], quantized_input(b, w[i], x, n, i > 0 ? w[i - 1] : NULL), n, y[i]);
 }
 
 static void cpu_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) {

@@ -107,7 +107,7 @@ st_status st_cpu_path_set(st_cpu_path path) {
     return ST_OK;
 }
 
-static const st_quant_kernels *kernels_now(void) {
+const st_quant_kernels *st_quant_kernels_now(void) {
     ensure_init();
     return &tables[atomic_load_explicit(&current_path, memory_order_relaxed)];
 }
@@ -115,7 +115,7 @@ static const st_quant_kernels *kernels_now(void) {
 float st_vec_dot(st_type type, int64_t n, const void *w, const void *x) {
     ST_ASSERT((unsigned)type < ST_TYPE_COUNT);
     ST_ASSERT(st_type_get(type) && n % st_type_get(type)->block == 0); // kernels drop a remainder
-    st_dot_fn fn = kernels_now()->dot[type];
+    st_dot_fn fn = st_quant_kernels_now()->dot[type];
     ST_ASSERT(fn != NULL);
     float s;
     fn(n, &s, w, x);
@@ -258,7 +258,7 @@ void st_matmul(st_pool *pool, const st_matmul_args *args) {
     ST_ASSERT(args->nx >= 1 && args->rows >= 0 && args->n >= 0);
     ST_ASSERT(args->nx == 1 || args->ldy >= args->rows);
     ST_ASSERT(st_type_get(args->type) && args->n % st_type_get(args->type)->block == 0);
-    const st_quant_kernels *k = kernels_now();
+    const st_quant_kernels *k = st_quant_kernels_now();
     const st_type_info *ti = st_type_get(args->type);
     bool gemm = k->gemm_pack[args->type] && args->nx >= MM_GEMM_MIN_NX;
     mm_ctx c = {.job = {

@@ -1373,7 +1373,100 @@ DEFINE_GEMM(iq4_xs, iq4_xs_gemm_rows)
         k->gemm_block_bytes[T] = (int)sizeof(gemm_##name);                                      \
     } while (0)
 
+// ---------------------------------------------------------------------------------------------
+// Activation quantizers, byte for byte quantize.c's.
+
+// roundf (half away from zero) exactly: the truncation plus one step away from zero where the
+// dropped part (v - trunc(v), exact in floats) is at least one half.
+AI __m256 round_away(__m256 v) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(v, t));
+    __m256 step = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign_bit));
+    return _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), step));
+}
+
+// 32 integral floats (four vectors, in order) to 32 int8 with saturation.
+AI __m256i pack_i8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));
+    __m256i cd = _mm256_packs_epi32(_mm256_cvtps_epi32(c), _mm256_cvtps_epi32(d));
+    // The packs work within 128-bit lanes: 4-byte groups come out as a0 b0 c0 d0 a1 b1 c1 d1.
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AI float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static void quantize_q8_0(const float *x, void *vy, int64_t nb) {
+    block_q8_0 *y = vy;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + 8 * j);
+            m = _mm256_max_ps(m, _mm256_and_ps(v[j], abs_mask));
+        }
+        float d = hmax_ps(m) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = st_f32_to_f16(d);
+        __m256 s = _mm256_set1_ps(id);
+        for (int j = 0; j < 4; j++) v[j] = round_away(_mm256_mul_ps(v[j], s));
+        _mm256_storeu_si256((__m256i *)y[i].qs, pack_i8(v[0], v[1], v[2], v[3]));
+    }
+}
+
+// Q8_K: the scale from the first value of largest magnitude (mapped to -127), rounding to
+// nearest even, values capped at 127, and the sums of each 16.
+static void quantize_q8_K(const float *x, void *vy, int64_t nb) {
+    block_q8_K *y = vy;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask));
+        float amax = hmax_ps(m);
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        __m256 am = _mm256_set1_ps(amax);
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; j += 8) {
+            int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask), am, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[j + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        float iscale = -127.0f / max;
+        __m256 s = _mm256_set1_ps(iscale), cap = _mm256_set1_ps(127.0f);
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256 v[4];
+            for (int u = 0; u < 4; u++)
+                v[u] = _mm256_min_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * u), s),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), cap);
+            __m256i q = pack_i8(v[0], v[1], v[2], v[3]);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + j), q);
+            // Sums of each 16: bytes to int16 pairs, then the 16-lane halves added up.
+            __m256i w = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(1));
+            __m256i z = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(1));
+            __m256i h = _mm256_hadd_epi32(w, z); // w01 w23 z01 z23 | w45 w67 z45 z67
+            h = _mm256_hadd_epi32(h, h);         // w0-3 z0-3 . . | w4-7 z4-7 . .
+            int32_t t[8];
+            _mm256_storeu_si256((__m256i *)t, h);
+            y[i].bsums[j / 16] = (int16_t)(t[0] + t[4]);
+            y[i].bsums[j / 16 + 1] = (int16_t)(t[1] + t[5]);
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
 void st_quant_kernels_avx2(st_quant_kernels *k) {
+    k->quantize[ST_TYPE_Q8_0] = quantize_q8_0;
+    k->quantize[ST_TYPE_Q8_K] = quantize_q8_K;
     SET_GEMM(ST_TYPE_Q8_0, q8_0);
     SET_GEMM(ST_TYPE_Q4_K, q4_K);
     SET_GEMM(ST_TYPE_Q5_K, q5_K);

@@ -25,7 +25,12 @@ typedef void (*st_gemm_pack_fn)(int64_t nb, void *dst, const void *w, size_t w_r
 typedef void (*st_gemm_fn)(int64_t nb, int nx, float *y, int64_t ldy, const void *packed,
                            const void *x, size_t x_stride, bool add);
 
+// Activation rows to a dot type: nb blocks of x into y, byte for byte what quantize.c's scalar
+// code writes (the reference that matches llama.cpp's CPU quantizers).
+typedef void (*st_quantize_fn)(const float *x, void *y, int64_t nb);
+
 typedef struct st_quant_kernels {
+    st_quantize_fn quantize[ST_TYPE_COUNT];   // NULL: quantize.c's scalar code
     st_dot_fn dot[ST_TYPE_COUNT];
     st_dot_multi_fn dot_multi[ST_TYPE_COUNT]; // NULL: the dispatcher loops over dot
     st_gemm_pack_fn gemm_pack[ST_TYPE_COUNT]; // NULL: no GEMM kernel, st_matmul uses dot_multi
@@ -36,5 +41,7 @@ typedef struct st_quant_kernels {
 // Each fills the entries it implements and leaves the others as they are; the dispatcher
 // starts from the scalar table and lays the faster paths over it.
 void st_quant_kernels_scalar(st_quant_kernels *k);
+// The current path's table (cpu.c).
+const st_quant_kernels *st_quant_kernels_now(void);
 void st_quant_kernels_avx2(st_quant_kernels *k);
 void st_quant_kernels_avx512(st_quant_kernels *k);

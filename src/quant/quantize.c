@@ -6,6 +6,7 @@
 
 #include "quant/quant.h"
 #include "quant/blocks.h"
+#include "quant/kernels.h"
 
 static float block_amax(const float *x, int n) {
     float amax = 0.0f;
@@ -73,6 +74,11 @@ void st_quantize(st_type type, const float *src, void *dst, int64_t n) {
     const st_type_info *info = st_type_get(type);
     ST_ASSERT(info && n >= 0 && n % info->block == 0);
     int64_t nb = n / info->block;
+    st_quantize_fn fast = st_quant_kernels_now()->quantize[type];
+    if (fast) {
+        fast(src, dst, nb);
+        return;
+    }
     switch (type) {
     case ST_TYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
     case ST_TYPE_F16:

@@ -348,6 +348,41 @@ static void test_scalar_matmul_tiling(void **state) {
     fixture_free(&f);
 }
 
+// The activation quantizers of each path write the scalar code's bytes: random rows, blocks of
+// zeros, halves exactly at rounding ties (a block whose largest magnitude is 127 has scale 1),
+// a negative extreme, and the largest magnitude twice with opposite signs (Q8_K takes the first).
+static void test_quantize_paths(void **state) {
+    (void)state;
+    enum { N = 256 * 6 };
+    static float x[N];
+    for (int i = 0; i < N; i++) x[i] = rndf() * (i < 512 ? 1.0f : 40.0f);
+    for (int i = 256; i < 288; i++) x[i] = 0.0f;                     // a zero Q8_0 block
+    for (int i = 512; i < 768; i++) x[i] = 0.0f;                     // a zero Q8_K block
+    for (int i = 768; i < 1024; i++) x[i] = (float)((int)(rnd() % 255) - 127) + 0.5f * (float)(rnd() & 1);
+    x[768] = 127.0f, x[800] = -127.0f, x[1000] = 127.0f;           // ties under scale 1 (Q8_0 blocks too)
+    x[1024] = -39.5f, x[1030] = 39.5f;                               // extremes of both signs
+    static const st_type types[] = {ST_TYPE_Q8_0, ST_TYPE_Q8_K, ST_TYPE_Q8_1, ST_TYPE_F16, ST_TYPE_BF16};
+    st_cpu_path saved = st_cpu_path_get();
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        size_t bytes = st_row_bytes(types[ti], N);
+        char *ref = malloc(bytes), *got = malloc(bytes);
+        assert_int_equal(st_cpu_path_set(ST_CPU_SCALAR), ST_OK);
+        st_quantize(types[ti], x, ref, N);
+        for (int p = ST_CPU_AVX2; p < ST_CPU_PATH_COUNT; p++) {
+            if (!st_cpu_path_supported((st_cpu_path)p)) continue;
+            assert_int_equal(st_cpu_path_set((st_cpu_path)p), ST_OK);
+            memset(got, 0x5a, bytes);
+            st_quantize(types[ti], x, got, N);
+            for (size_t b = 0; b < bytes; b++)
+                if (ref[b] != got[b])
+                    fail_msg("quantize %s on %s: byte %zu differs (scalar %d, %d)", st_type_name(types[ti]),
+                             st_cpu_path_name((st_cpu_path)p), b, ref[b], got[b]);
+        }
+        free(ref), free(got);
+    }
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+}
+
 // Path selection: names, the scalar path always there, an unsupported path refused.
 static void test_paths(void **state) {
     (void)state;
@@ -369,6 +404,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paths),
         cmocka_unit_test(test_scalar_matmul_tiling),
+        cmocka_unit_test(test_quantize_paths),
         cmocka_unit_test(test_avx2),
         cmocka_unit_test(test_avx512),
         cmocka_unit_test(test_gemm_avx2),
