@@ -37,6 +37,7 @@ struct st_server {
     pthread_mutex_t mu;       // the counters below
     uint64_t requests, errors;
     int active;
+    int exchanges;            // requests whose answer is not yet sent (MHD reports each completed)
 };
 
 // Per request: the body as it arrives.
@@ -546,6 +547,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cc) {
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
+        pthread_mutex_lock(&s->mu);
+        s->exchanges++;
+        pthread_mutex_unlock(&s->mu);
         const char *cl = header(c, "Content-Length");
         unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
         if (n > limit) cc->too_big = true;
@@ -577,9 +581,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code) {
-    (void)cls, (void)c, (void)code;
+    (void)c, (void)code;
+    st_server *s = cls;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    pthread_mutex_lock(&s->mu);
+    s->exchanges--;
+    pthread_mutex_unlock(&s->mu);
     free(cc->body);
     free(cc);
     *con_cls = NULL;
@@ -659,10 +667,19 @@ st_status st_server_start(const st_server_config *c, strata_model *m, const char
     return ST_OK;
 }
 
+static bool answers_sent(st_server *s) {
+    pthread_mutex_lock(&s->mu);
+    bool done = s->exchanges == 0;
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
 bool st_server_drain(st_server *s, double timeout_s) {
     s->draining = true;
     double until = st_time_s() + timeout_s;
-    while (!st_sched_idle(s->sched)) {
+    // Every job done and every answer sent: a job's end comes before its connection's thread
+    // has written the answer, and stopping the daemon then would cut it off.
+    while (!st_sched_idle(s->sched) || !answers_sent(s)) {
         if (st_time_s() >= until) return false;
         usleep(50 * 1000);
     }

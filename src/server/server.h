@@ -66,7 +66,7 @@ typedef struct st_server st_server;
 // Binds, starts the HTTP threads and the inference thread; the model stays the caller's.
 st_status st_server_start(const st_server_config *c, strata_model *m, const char *model_path, st_server **out);
 // Stops taking requests (new ones get 503) and waits up to timeout_s for the running and
-// queued ones; returns whether all finished.
+// queued ones and for their answers to be sent; returns whether all finished.
 bool st_server_drain(st_server *s, double timeout_s);
 void st_server_free(st_server *s); // cancels what still runs
 
