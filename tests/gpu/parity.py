@@ -9,7 +9,10 @@ rollback, and through the MTP layer, on the GPU and on the CPU.
 Bounds:
 - f32 models (no quantized activations anywhere): the GPU must equal the CPU up to float
   summation order: per-position error (max |diff| / max |logit| of the whole run) at most 1e-3
-  for 90% of positions and 1e-2 for all, top-1 agreement >= 99%.
+  for 90% of positions and 1e-2 for all, top-1 agreement >= 99%. With a q8_0 cache the two
+  sides quantize K and V themselves, and a value within float error of a rounding boundary is
+  stored one step (1/127 of its block's largest value) apart; such a flip moves the positions
+  after it, so that case allows 5e-2 for all positions (the 90% bound stays).
 - quantized models: both backends pair quantized weights with 8-bit activations, in different
   block layouts (the CPU as llama.cpp's CPU code does, the GPU in blocks of 32), so neither is
   "the" answer: both are compared with the exact float64 reference (tests/reference/model.py)
@@ -256,7 +259,8 @@ def main() -> int:
                 err, agree = errors(g, c), top1(g, c)
                 note = ""
                 if exact:
-                    ok = np.quantile(err, 0.9) <= 1e-3 and err.max() <= 1e-2 and agree >= 0.99
+                    worst = 5e-2 if "--kv" in extra else 1e-2
+                    ok = np.quantile(err, 0.9) <= 1e-3 and err.max() <= worst and agree >= 0.99
                 else:
                     tied = top1_ties(g, c)
                     ok = tied >= 0.95

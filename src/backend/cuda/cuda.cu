@@ -476,7 +476,9 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     if (!c) return ST_ERR_NOMEM;
     c->device = device;
     c->reserve = reserve_bytes;
-    c->base.ops = env_is("STRATA_CUDA_PROFILE", "1") ? st_cuda_profile_ops(&cuda_ops) : &cuda_ops;
+    const char *skip = getenv("STRATA_CUDA_SKIP");
+    bool timing = env_is("STRATA_CUDA_PROFILE", "1");
+    c->base.ops = timing || (skip && *skip) ? st_cuda_profile_ops(&cuda_ops, timing, skip) : &cuda_ops;
     st_status s = ST_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);

@@ -1,6 +1,8 @@
 // backend/cuda: STRATA_CUDA_PROFILE=1 times every op with CUDA events (each op waited for, graphs
 // off) and prints a table of where the GPU time went when the backend closes: per op, and per
-// weight type and shape for the matrix products.
+// weight type and shape for the matrix products. STRATA_CUDA_SKIP=KEY[,KEY...] leaves out the
+// ops whose table key starts with a KEY (graphs stay on, outputs are wrong): what a step loses
+// without an op is that op's cost inside the graph, which timing an op alone cannot show.
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,19 @@ static prof_entry prof[PROF_MAX];
 static int n_prof;
 static const st_backend_ops *inner; // the real ops
 static cudaEvent_t ev0, ev1;
+static bool timing;     // STRATA_CUDA_PROFILE
+static char skip[1024]; // STRATA_CUDA_SKIP, ',' separated prefixes of keys
+
+static bool skipped(const char *key) {
+    for (const char *p = skip; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n && !strncmp(key, p, n)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
 
 static void prof_add(const char *key, double ms) {
     int i = 0;
@@ -35,6 +50,11 @@ static const char *rows_class(int n) { return n == 1 ? "n=1" : n <= ST_CUDA_GRAP
 
 #define TIMED(b, key, call)                                                                          \
     do {                                                                                             \
+        if (skipped(key)) break;                                                                     \
+        if (!timing) {                                                                               \
+            call;                                                                                    \
+            break;                                                                                   \
+        }                                                                                            \
         cudaStream_t s_ = st_cuda_of(b)->stream;                                                     \
         cudaEventRecord(ev0, s_);                                                                    \
         call;                                                                                        \
@@ -114,10 +134,13 @@ void st_cuda_profile_report(void) {
     n_prof = 0;
 }
 
-const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real) {
+const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real, bool time_ops, const char *skip_keys) {
     static st_backend_ops ops;
     inner = real;
-    if (!ev0) {
+    timing = time_ops;
+    snprintf(skip, sizeof skip, "%s", skip_keys ? skip_keys : "");
+    if (skip[0]) fprintf(stderr, "STRATA_CUDA_SKIP: leaving out ops %s (outputs are wrong; for timing)\n", skip);
+    if (timing && !ev0) {
         cudaEventCreate(&ev0);
         cudaEventCreate(&ev1);
     }
