@@ -76,6 +76,14 @@ typedef struct attn_params {
     // query tile 0 write them there. So no block reads a row another block is writing.
     const float *knew, *vnew; // (n, nv) or NULL: a separate store kernel ran first
     int nv;                   // values per cache row (n_head_kv * D)
+    // Fused q / k norms and RoPE (Qwen3; fused store only): each block normalizes and rotates
+    // its queries and its head's new k rows itself (norm_rope_kernel's arithmetic), so q and k
+    // stay raw in memory. qn NULL: q and k arrive ready.
+    const float *qn, *kn;     // (D) norm weights
+    const int32_t *pos;       // (n) positions of the rows
+    int n_rot;
+    float rope_base, eps;
+    size_t extra;             // dynamic shared memory beyond attn_shape::smem (the fused norms)
     // Last block combines: with ns > 1 the block that finishes last for its (query tile, kv
     // head) merges the splits (counter: attn_counters[hk * gridDim.x + query tile]), so no
     // combine kernel runs. NULL: attn_combine_kernel runs after.
@@ -101,9 +109,11 @@ struct attn_tile {
     float v[STEPS][8];
 };
 
+// fresh: the new rows (row t - pos0 at fresh + (t - pos0) * fstride), this head's values.
 template <int D, int TK>
 __device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void *cache, const float *fresh,
-                                                const attn_params &p, int hk, int t0, int t_end, int pos0) {
+                                                int fstride, const attn_params &p, int hk, int t0, int t_end,
+                                                int pos0) {
     typedef attn_tile<D, TK> R;
 #pragma unroll
     for (int k = 0; k < R::STEPS; k++) {
@@ -111,7 +121,7 @@ __device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void 
         float *v = r.v[k];
         if (gi < TK * R::G8 && t < t_end && fresh && t >= pos0) {
             // A new row: from the input, rounded as the cache stores it (kv_store_plain_kernel).
-            const float4 *f = (const float4 *)(fresh + (size_t)(t - pos0) * p.nv + hk * D + x8);
+            const float4 *f = (const float4 *)(fresh + (size_t)(t - pos0) * fstride + x8);
             float4 a = f[0], b = f[1];
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
             if (p.kv_type == ST_KV_F16) {
@@ -185,9 +195,34 @@ __device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
     return min(ns, (T + chunk - 1) / chunk);
 }
 
+// One head of D values (x, global) normalized with weights w and rotated with the row's angles
+// cs ((half) cos, (half) sin) into out (shared memory), by one warp: norm_rope_kernel's
+// operations in its order, so the values are the ones that kernel writes.
+template <int EPL>
+__device__ __forceinline__ void attn_norm_rope(const float *x, const float *w, const float *cs, int half, float eps,
+                                               float *out) {
+    constexpr int D = EPL * 32;
+    int lane = threadIdx.x & 31;
+    float v[EPL], ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) v[e] = x[lane + 32 * e];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float s = 1.0f / sqrtf(ss / D + eps);
+#pragma unroll
+    for (int e = 0; e < EPL; e++) out[lane + 32 * e] = v[e] * s * (w ? w[lane + 32 * e] : 1.0f);
+    __syncwarp();
+    for (int k = lane; k < half; k += 32) {
+        float c = cs[k], sn = cs[half + k], x0 = out[k], x1 = out[k + half];
+        out[k] = x0 * c - x1 * sn;
+        out[k + half] = x1 * c + x0 * sn;
+    }
+    __syncwarp();
+}
+
 template <int EPL, int QPW>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
-    st_pdl_begin();
     typedef attn_shape<EPL, QPW> S;
     constexpr int D = S::D, TK = S::TK, HALF = S::HALF, KST = S::KST, QB = S::QB;
     extern __shared__ float4 sm4[];
@@ -198,31 +233,65 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     // Query tiles vary fastest: the tiles reading the same cache rows run together (L2 hits).
     const int qbase = blockIdx.x * QB, split = blockIdx.y, hk = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    // The position and the rows' positions are copied from the host before a step's kernels
+    // (no kernel writes them), so they are read before the wait: a split past the context leaves
+    // at once, freeing its place for the next kernel's blocks, and the angles are ready early.
     const int pos0 = *p.pos_dev, T = pos0 + p.n;
-
-    if (p.knew && blockIdx.x == 0 && split == 0) { // the fused store: head hk of the new rows
-        for (int e = tid; e < p.n * D; e += blockDim.x) {
-            int i = e / D, x = hk * D + e % D;
-            size_t src = (size_t)i * p.nv + x;
-            char *kr = (char *)p.kc + (size_t)(pos0 + i) * p.row_bytes, *vr = (char *)p.vc + (size_t)(pos0 + i) * p.row_bytes;
-            if (p.kv_type == ST_KV_F16) {
-                ((__half *)kr)[x] = __float2half_rn(p.knew[src]);
-                ((__half *)vr)[x] = __float2half_rn(p.vnew[src]);
-            } else {
-                ((float *)kr)[x] = p.knew[src];
-                ((float *)vr)[x] = p.vnew[src];
-            }
-        }
-    }
-    if (p.ns > 1) { // a split past the context leaves before loading anything (as below)
+    if (p.ns > 1) {
         int chunk = (T + p.ns - 1) / p.ns;
         chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
         if (split * chunk >= T) return;
     }
+    const int half = p.n_rot / 2;
+    float *Kn = Ps + QB * TK;      // fused norms: (n, D) this head's new k rows, normalized and rotated
+    float *cs = Kn + p.n * D;      // (n, 2 half) each row's cos | sin
+    if (p.qn)
+        for (int e = tid; e < p.n * half; e += blockDim.x) { // in double as rope_kernel does
+            int i = e / half, k = e % half;
+            double sn, cn;
+            sincos((double)p.pos[i] * pow((double)p.rope_base, -2.0 * k / p.n_rot), &sn, &cn);
+            cs[i * 2 * half + k] = (float)cn;
+            cs[i * 2 * half + half + k] = (float)sn;
+        }
+    st_pdl_begin();
 
-    for (int e = tid; e < QB * D; e += blockDim.x) {
-        int qi = qbase + e / D;
-        Qs[e] = qi < p.nq ? p.q[((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D + e % D] : 0.0f;
+    const float *kfresh = p.knew ? p.knew + hk * D : NULL;
+    int kstride = p.nv;
+    if (p.qn) {
+        __syncthreads(); // the angles
+        for (int i = w; i < p.n; i += ATTN_WARPS)
+            attn_norm_rope<EPL>(p.knew + (size_t)i * p.nv + hk * D, p.kn, cs + i * 2 * half, half, p.eps, Kn + i * D);
+#pragma unroll 1
+        for (int jj = 0; jj < QPW; jj++) {
+            int qi = qbase + w * QPW + jj;
+            float *qs = Qs + (w * QPW + jj) * D;
+            if (qi < p.nq)
+                attn_norm_rope<EPL>(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D, p.qn,
+                                    cs + (qi / p.G) * 2 * half, half, p.eps, qs);
+            else
+                for (int e = lane; e < D; e += 32) qs[e] = 0.0f;
+        }
+        __syncthreads(); // Kn for the store and the tiles
+        kfresh = Kn, kstride = D;
+    } else {
+        for (int e = tid; e < QB * D; e += blockDim.x) {
+            int qi = qbase + e / D;
+            Qs[e] = qi < p.nq ? p.q[((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D + e % D] : 0.0f;
+        }
+    }
+    if (p.knew && blockIdx.x == 0 && split == 0) { // the fused store: head hk of the new rows
+        for (int e = tid; e < p.n * D; e += blockDim.x) {
+            int i = e / D, x = hk * D + e % D;
+            float kv = kfresh[(size_t)i * kstride + e % D], vv = p.vnew[(size_t)i * p.nv + x];
+            char *kr = (char *)p.kc + (size_t)(pos0 + i) * p.row_bytes, *vr = (char *)p.vc + (size_t)(pos0 + i) * p.row_bytes;
+            if (p.kv_type == ST_KV_F16) {
+                ((__half *)kr)[x] = __float2half_rn(kv);
+                ((__half *)vr)[x] = __float2half_rn(vv);
+            } else {
+                ((float *)kr)[x] = kv;
+                ((float *)vr)[x] = vv;
+            }
+        }
     }
     int lim[QPW]; // the last position each of this warp's queries sees; -1: no query
     int wlim = -1;
@@ -251,18 +320,19 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         for (int e = 0; e < EPL; e++) acc[jj][e] = 0.0f;
     }
     const int tt = lane % TK, part = lane / TK;
+    const float *vfresh = p.vnew ? p.vnew + hk * D : NULL;
     attn_tile<D, TK> kt, vt;
     if (t_begin < t_end) {
-        attn_fetch_tile<D, TK>(kt, p.kc, p.knew, p, hk, t_begin, t_end, pos0);
-        attn_fetch_tile<D, TK>(vt, p.vc, p.vnew, p, hk, t_begin, t_end, pos0);
+        attn_fetch_tile<D, TK>(kt, p.kc, kfresh, kstride, p, hk, t_begin, t_end, pos0);
+        attn_fetch_tile<D, TK>(vt, p.vc, vfresh, p.nv, p, hk, t_begin, t_end, pos0);
     }
     for (int t0 = t_begin; t0 < t_end; t0 += TK) {
         __syncthreads(); // the previous tile is consumed (and Qs is written, the first time)
         attn_store_tile<D, TK>(Ks, KST, kt);
         attn_store_tile<D, TK>(Vs, D, vt);
         if (t0 + TK < t_end) { // the next tile's loads fly while this one is computed
-            attn_fetch_tile<D, TK>(kt, p.kc, p.knew, p, hk, t0 + TK, t_end, pos0);
-            attn_fetch_tile<D, TK>(vt, p.vc, p.vnew, p, hk, t0 + TK, t_end, pos0);
+            attn_fetch_tile<D, TK>(kt, p.kc, kfresh, kstride, p, hk, t0 + TK, t_end, pos0);
+            attn_fetch_tile<D, TK>(vt, p.vc, vfresh, p.nv, p, hk, t0 + TK, t_end, pos0);
         }
         __syncthreads();
         if (t0 > wlim) continue; // causal: none of this warp's queries sees this tile
@@ -449,8 +519,18 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     // decode and verify windows, and short chunks late in a long context. Sizes only, so a
     // recording stays valid; splits past the current context do no work.
     int base = n_head_kv * qt, sms = c->prop.multiProcessorCount;
-    int ns = (4 * sms + base - 1) / base;
-    p->min_chunk = 2 * S::TK; // a split of fewer tiles would cost more in fixed work than it saves
+    size_t smem = S::smem + p->extra;
+    // At most what fits the GPU at once (blocks past it would start only when the first leave,
+    // and the next kernel's blocks could not start early).
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_kernel<EPL, QPW>, ATTN_WARPS * 32, smem) != cudaSuccess)
+        cudaGetLastError(), per_sm = 1;
+    per_sm = per_sm < 4 ? (per_sm < 1 ? 1 : per_sm) : 4;
+    int ns = (per_sm * sms + base - 1) / base;
+    if (ns * base > per_sm * sms) ns = per_sm * sms / base;
+    // A split of one tile: a block works through its tiles one after another (each ~500
+    // dependent instructions a warp), so short contexts are fastest spread one tile a block.
+    p->min_chunk = S::TK;
     int useful = (n_ctx + p->min_chunk - 1) / p->min_chunk;
     ns = ns < useful ? ns : useful;
     ns = ns < 256 ? ns : 256;
@@ -462,10 +542,9 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
         if (!p->part) return; // the error is kept
     }
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
-    if (S::smem > 48 * 1024) // above the default limit: opt in (a function attribute, fine while recording)
-        ST_CU(c, cudaFuncSetAttribute(attn_kernel<EPL, QPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
+    st_allow_smem(c, attn_kernel<EPL, QPW>, smem);
     dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
-    st_launch(c, attn_kernel<EPL, QPW>, grid, ATTN_WARPS * 32, S::smem, *p);
+    st_launch(c, attn_kernel<EPL, QPW>, grid, ATTN_WARPS * 32, smem, *p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1 && !p->counters) {
         st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, S::D,
@@ -519,16 +598,6 @@ __device__ __forceinline__ void tc_ldmatrix_x4_trans(uint32_t (&r)[4], const __h
                  : "r"(addr));
 }
 
-// 16 bytes global -> shared, asynchronously; zeros when !valid (no global read).
-__device__ __forceinline__ void tc_cp_async16(__half *dst, const void *src, bool valid) {
-    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 __device__ __forceinline__ uint32_t tc_ld32(const __half *p) { return *(const uint32_t *)p; }
 
 __device__ __forceinline__ uint32_t tc_pack(__half2 h) { return *(uint32_t *)&h; }
@@ -550,7 +619,7 @@ __device__ __forceinline__ void tc_load_tile(__half *dst, const void *cache, con
         bool valid = t < t_end;
         const char *row = (const char *)cache + (size_t)(valid ? t : 0) * p.row_bytes;
         if (p.kv_type == ST_KV_F16) {
-            tc_cp_async16(dst + r * ST + x8, row + (size_t)idx * 2, valid);
+            st_cp_async16(dst + r * ST + x8, row + (size_t)idx * 2, valid);
         } else { // q8_0: d · q as f16 (within one rounding of the value; q8_0's own error is larger)
             uint4 out = make_uint4(0, 0, 0, 0);
             if (valid) {
@@ -621,15 +690,15 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
         tc_load_tile<D, BK>(Kb, p.kc, p, hk, t_begin, t_end);
         tc_load_tile<D, BK>(Vb, p.vc, p, hk, t_begin, t_end);
     }
-    tc_cp_commit();
+    st_cp_commit();
     for (int it = 0; it < ntiles; it++) {
         const int t0 = t_begin + it * BK, buf = it & 1;
         if (it + 1 < ntiles) { // the next tile streams in while this one is computed
             tc_load_tile<D, BK>(Kb + (buf ^ 1) * BK * ST, p.kc, p, hk, t0 + BK, t_end);
             tc_load_tile<D, BK>(Vb + (buf ^ 1) * BK * ST, p.vc, p, hk, t0 + BK, t_end);
         }
-        tc_cp_commit();
-        tc_cp_wait<1>(); // all but the group just issued: this tile has landed
+        st_cp_commit();
+        st_cp_wait<1>(); // all but the group just issued: this tile has landed
         __syncthreads(); // ... for every thread's copies (and Q, the first time)
         if (t0 <= wlim) {
             const __half *K = Kb + buf * BK * ST, *V = Vb + buf * BK * ST;
@@ -707,7 +776,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
         }
         __syncthreads(); // every warp is done with this buffer before the next tile's copies reuse it
     }
-    tc_cp_wait<0>();
+    st_cp_wait<0>();
 
 #pragma unroll
     for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -786,8 +855,8 @@ template <int EPL>
 static void attn_dispatch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     size_t optin = c->prop.sharedMemPerBlockOptin;
     int want = p->nq <= ATTN_WARPS ? 1 : p->nq <= 2 * ATTN_WARPS ? 2 : 4;
-    if (want == 4 && attn_shape<EPL, 4>::smem <= optin) attn_launch<EPL, 4>(c, p, n_head_kv, n_ctx);
-    else if (want >= 2 && attn_shape<EPL, 2>::smem <= optin) attn_launch<EPL, 2>(c, p, n_head_kv, n_ctx);
+    if (want == 4 && attn_shape<EPL, 4>::smem + p->extra <= optin) attn_launch<EPL, 4>(c, p, n_head_kv, n_ctx);
+    else if (want >= 2 && attn_shape<EPL, 2>::smem + p->extra <= optin) attn_launch<EPL, 2>(c, p, n_head_kv, n_ctx);
     else attn_launch<EPL, 1>(c, p, n_head_kv, n_ctx);
 }
 
@@ -827,7 +896,6 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
                          kv->n_head_kv);
         return;
     }
-    if (a->q_norm) st_cuda_norm_rope_qk(b, a);
     attn_params p = {};
     p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
     p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out, p.nv = nv;
@@ -844,6 +912,15 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     bool old = attn_old();
     bool fuse = !tc && !old && kv->type != ST_KV_Q8_0 && ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0;
     if (!tc && !old) p.counters = attn_counters_of(c);
+    // The q / k norms and RoPE inside the kernel for decode and verify windows (one launch fewer
+    // a layer); elsewhere a norm_rope launch first.
+    if (a->q_norm && fuse && a->n <= ST_CUDA_GRAPH_ROWS && 2 * (a->n_rot / 2) <= D) {
+        p.qn = a->q_norm, p.kn = a->k_norm, p.pos = a->pos, p.n_rot = a->n_rot, p.rope_base = a->rope_base;
+        p.eps = a->eps;
+        p.extra = sizeof(float) * ((size_t)a->n * D + (size_t)a->n * 2 * (a->n_rot / 2));
+    } else if (a->q_norm) {
+        st_cuda_norm_rope_qk(b, a);
+    }
     if (fuse) {
         p.knew = a->k, p.vnew = a->v;
     } else if (kv->type == ST_KV_Q8_0) {

@@ -77,6 +77,41 @@ __device__ __forceinline__ void prefetch_l2(const void *p, size_t n) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
 }
 
+// Asynchronous copies global -> shared (sm_80 and newer): 16 bytes, zeros when !valid (no global
+// read); a thread's copies so far form a group (commit), and wait<N> waits until at most N of its
+// groups are still in flight. Both addresses 16-byte aligned.
+__device__ __forceinline__ void st_cp_async16(void *dst, const void *src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(n));
+#else
+    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void st_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void st_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Lets kernel k take dyn bytes of dynamic shared memory: beyond the default (48 KB including the
+// kernel's static shared memory) it must opt in, a function attribute (fine while recording).
+template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(P...), size_t dyn) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (dyn > (size_t)fa.maxDynamicSharedSizeBytes)
+        ST_CU(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+}
+
 // Launches kernel k on c->stream (with programmatic dependent launch when c->pdl); a failed
 // launch is kept as the backend's error. Arguments convert implicitly to the kernel's parameter
 // types, as in a call (a null pointer is nullptr here: NULL would arrive as an integer).
