@@ -17,17 +17,8 @@
 
 #include "quant/blocks.h"
 #include "quant/iq_tables.h"
+#include "quant/dot_simd.h"
 #include "quant/kernels.h"
-
-#define AI static inline __attribute__((always_inline))
-
-AI float f16(st_f16 h) { return _cvtsh_ss(h); }
-
-AI float hsum_ps128(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AI float hsum512(__m512 v) {
     __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -38,13 +29,6 @@ AI __m512i join256(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// 16 packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
-AI __m256i nibbles_32(const uint8_t *qs) {
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-}
-
 // int16 vector whose lane L holds v[idx(L)], for scale broadcasting: each group of `span`
 // lanes takes the next entry starting at `first`.
 AI __m512i spread16(__m512i v, int first, int span) {
@@ -53,26 +37,7 @@ AI __m512i spread16(__m512i v, int first, int span) {
     return _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), v);
 }
 
-#define DEFINE_DOTS(name, rows_fn)                                                              \
-    static void name##_multi(int64_t n, int nx, float *s, const void *w, const void *x,        \
-                             size_t xs) {                                                       \
-        const uint8_t *xb = x;                                                                  \
-        int r = 0;                                                                              \
-        for (; r + 4 <= nx; r += 4) rows_fn(n, 4, s + r, w, xb + (size_t)r * xs, xs);           \
-        switch (nx - r) {                                                                       \
-        case 3: rows_fn(n, 3, s + r, w, xb + (size_t)r * xs, xs); break;                        \
-        case 2: rows_fn(n, 2, s + r, w, xb + (size_t)r * xs, xs); break;                        \
-        case 1: rows_fn(n, 1, s + r, w, xb + (size_t)r * xs, xs); break;                        \
-        default: break;                                                                         \
-        }                                                                                       \
-    }                                                                                           \
-    static void name##_dot(int64_t n, float *s, const void *w, const void *x) {                 \
-        rows_fn(n, 1, s, w, x, 0);                                                              \
-    }
-
-#define XROW(T, r) ((const T *)((const uint8_t *)x + (size_t)(r) * xs))
 #define ZERO4_PS {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}
-
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K, Q5_K x Q8_K. zmm j holds sub-blocks 2j (low nibbles) and 2j+1 (high nibbles).
@@ -196,22 +161,6 @@ DEFINE_DOTS(q6_K, q6_K_rows)
 // ---------------------------------------------------------------------------------------------
 // IQ4_XS x Q8_K. zmm j holds sub-blocks 2j and 2j+1.
 
-// IQ4_XS: the 8 six-bit scales as bytes (scale j = nibble j of the scales_l word, with bits
-// 2j..2j+1 of scales_h on top), spread with shifts and masks in a register: building them in a
-// stack array and reloading it stalls on store forwarding; pdep would do it but is microcoded
-// (hundreds of cycles) on AMD before Zen 3.
-AI uint64_t iq4xs_scales8(uint32_t lo4, uint16_t hi2) {
-    uint64_t l = lo4;
-    l = (l | l << 16) & 0x0000ffff0000ffffull;
-    l = (l | l << 8) & 0x00ff00ff00ff00ffull;
-    l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
-    uint64_t h = hi2;
-    h = (h | h << 24) & 0x000000ff000000ffull;
-    h = (h | h << 12) & 0x000f000f000f000full;
-    h = (h | h << 6) & 0x0303030303030303ull;
-    return l | h << 4;
-}
-
 AI void iq4_xs_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_iq4_xs *b = w;
     const int64_t nb = n / QK_K;
@@ -305,20 +254,6 @@ AI void q2_K_rows(int64_t n, const int NR, float *s, const void *w, const void *
 }
 DEFINE_DOTS(q2_K, q2_K_rows)
 
-// Q3_K's 16 six-bit scales (minus 32): low nibbles from bytes 0..7 (scales 0..7 low, 8..15
-// high), 2 high bits from bytes 8..11 (byte 8 + s%4, shifted by 2 (s/4)).
-AI __m128i q3k_scales8(const uint8_t *b12) {
-    uint64_t lo8;
-    uint32_t hi4;
-    memcpy(&lo8, b12, 8);
-    memcpy(&hi4, b12 + 8, 4);
-    uint64_t la = lo8 & 0x0f0f0f0f0f0f0f0full, lb = (lo8 >> 4) & 0x0f0f0f0f0f0f0f0full;
-    uint64_t ha = (hi4 & 0x03030303u) | (uint64_t)((hi4 >> 2) & 0x03030303u) << 32;
-    uint64_t hb = ((hi4 >> 4) & 0x03030303u) | (uint64_t)((hi4 >> 6) & 0x03030303u) << 32;
-    __m128i v = _mm_set_epi64x((long long)(lb | hb << 4), (long long)(la | ha << 4));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
-
 AI void q3_K_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_q3_K *b = w;
     const int64_t nb = n / QK_K;
@@ -381,16 +316,6 @@ AI uint64_t load_u64(const uint8_t *p) {
     return v;
 }
 
-// IQ2_XS / IQ2_S: the 16 odd scales 2s+1 (one per 16 elements, low nibble first) as bytes.
-AI __m128i iq2_scales16(const uint8_t *scales) {
-    uint64_t v;
-    memcpy(&v, scales, 8);
-    __m128i lo = _mm_cvtsi64_si128((long long)(v & 0x0f0f0f0f0f0f0f0full));
-    __m128i hi = _mm_cvtsi64_si128((long long)((v >> 4) & 0x0f0f0f0f0f0f0f0full));
-    __m128i x = _mm_unpacklo_epi8(lo, hi);
-    return _mm_add_epi8(_mm_add_epi8(x, x), _mm_set1_epi8(1));
-}
-
 // Groups 2p, 2p+1 of block b: unsigned grid bytes, the mask of negative elements and the int16
 // scales. sc16: the block's 16 scales as int16 lanes.
 AI void iq2_s_pair(const block_iq2_s *b, __m512i sc16, int p, __m512i *grid, __mmask64 *neg, __m512i *sc) {
@@ -435,7 +360,6 @@ AI void iq2_s_rows(int64_t n, const int NR, float *s, const void *w, const void 
 }
 DEFINE_DOTS(iq2_s, iq2_s_rows)
 
-
 // ---------------------------------------------------------------------------------------------
 // F32, F16, BF16
 
@@ -444,11 +368,6 @@ AI __m512 load16(const int kind, const void *p, int64_t i) {
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
     if (kind == 1) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-AI float load1(const int kind, const void *p, int64_t i) {
-    if (kind == 0) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return kind == 1 ? f16(h) : st_bf16_to_f32(h);
 }
 
 AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
