@@ -386,8 +386,10 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     s->b->ops->from_host(s->b, s->kv_pos, pos_host, sizeof(int32_t));
     s->b->ops->from_host(s->b, s->tok_ids, tokens, sizeof(int32_t) * n);
 
-    // Windows of a few rows may be recorded and replayed (with their logits on a device).
-    bool logits = out && out->logits;
+    // Windows of a few rows may be recorded and replayed (with their logits on a device). The
+    // recording computes the head whenever the caller wants logits or only their argmax: head()
+    // takes a recorded window's logits as done.
+    bool logits = out && (out->logits || out->argmax);
     int mode = !logits ? 0 : out->want_all ? 2 : 1;
     bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory;
     fwd_work w = {.s = s, .n = n, .pos0 = s->pos, .head_first = small && logits ? (mode == 2 ? 0 : n - 1) : -1};

@@ -4,7 +4,9 @@
 For each model (the tiny-coder and random models of both architectures made by synth_gguf.py)
 the same tokens run as a prompt in chunks (the prompt path), token by token (decode: recorded
 graphs), in windows of 5 and 16 rows (verify windows), with a q8_0 cache, through a snapshot
-rollback, and through the MTP layer, on the GPU and on the CPU.
+rollback, and through the MTP layer, on the GPU and on the CPU; f32 models also generate greedily
+on both (the GPU through its device argmax, where only the token id leaves the card) and must
+produce the same text.
 
 Bounds:
 - f32 models (no quantized activations anywhere): the GPU must equal the CPU up to float
@@ -87,6 +89,18 @@ def strata_eval(bin_: str, model: Path, toks: list[int], gpu: str, out: Path, lo
     run(cmd, log)
     got = np.fromfile(str(f) + ".mtp" if mtp else f, dtype=np.float32)
     return got.reshape(-1, got.size // (len(toks) - 1 if mtp else len(toks)))
+
+
+def strata_generate(bin_: str, model: Path, gpu: str, log, n: int = 48) -> bytes:
+    """Greedy continuation of a short prompt: on a GPU the device's argmax path (only the token
+    id leaves the device), on the CPU the argmax of the logits."""
+    cmd = [bin_, "generate", "-m", str(model), "--gpu", gpu, "--temp", "0", "-n", str(n), "--ctx", "256",
+           "-p", "The quick brown fox"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log.write("$ " + " ".join(cmd) + f"\n(rc {r.returncode}, {len(r.stdout)} bytes)\n")
+    if r.returncode:
+        raise RuntimeError(f"generate failed ({r.returncode}): {r.stderr.decode(errors='replace')[-800:]}")
+    return r.stdout
 
 
 def model_rng(name: str, salt: int) -> np.random.Generator:
@@ -282,6 +296,17 @@ def main() -> int:
                 report(name, "MTP drafts", len(short) - 1, err, agree, ok)
             except Exception as e:  # noqa: BLE001
                 print(f"{name:26} {'MTP drafts':22} FAIL {str(e)[:400]}")
+                failed += 1
+        # Greedy generation through the device's argmax (f32 models: the same text as the CPU's).
+        if exact:
+            try:
+                gt, ct = strata_generate(a.bin, path, a.gpu, log), strata_generate(a.bin, path, "cpu", log)
+                ok = gt == ct and len(ct) > 0
+                print(f"{name:26} {'greedy generate':22} {48:5d} {'':9} {'':9} {'':7}  {'pass' if ok else 'FAIL'}"
+                      f"   ({len(gt)} / {len(ct)} bytes{'' if ok else ', GPU ' + repr(gt[:60]) + ' CPU ' + repr(ct[:60])})")
+                failed += not ok
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:26} {'greedy generate':22} FAIL {str(e)[:400]}")
                 failed += 1
         # Quantized models: as close to the exact reference as the CPU is.
         if not exact and name in cpu_ref:
