@@ -129,10 +129,11 @@ strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, 
 // What the hybrid expert cache did for this session (all zero when every expert is on the GPU or
 // the model runs on the CPU): routed (row, choice) pairs the GPU's cache held (hits) or not
 // (misses), expert bytes streamed to the GPU for prompt chunks, adaptive swaps, seconds the CPU
-// pool computed misses, seconds the host then waited for the GPU's share (the GPU was the
-// longer side), seconds streaming and computing prompt-chunk misses.
+// pool computed misses (in cpu_jobs layer calls: cpu_s / cpu_jobs is the cost of one), seconds
+// the host then waited for the GPU's share (the GPU was the longer side), seconds streaming and
+// computing prompt-chunk misses.
 typedef struct strata_expert_stats {
-    uint64_t hits, misses, streamed_bytes, swaps;
+    uint64_t hits, misses, streamed_bytes, swaps, cpu_jobs;
     double cpu_s, wait_s, stream_s;
     int64_t cached, total;          // experts in the GPU's cache, experts in the model
     double pcie_frac;               // share of decode misses streamed to the GPU (--pcie-frac, or the probe's)

@@ -144,10 +144,11 @@ int st_bench_model(int argc, char **argv) {
             printf("%-14s %8d %10.3f %12.1f\n", name, n, t1 - t0, n / (t1 - t0));
             strata_expert_stats es = strata_session_expert_stats(s);
             if (es.hits + es.misses)
-                printf("  experts: %lld of %lld cached, hit rate %.1f%%; CPU pool %.3f s, then waiting for the GPU "
-                       "%.3f s; streamed %.2f GiB in %.3f s; %llu swaps\n", (long long)es.cached, (long long)es.total,
-                       100.0 * es.hits / (double)(es.hits + es.misses), es.cpu_s, es.wait_s,
-                       es.streamed_bytes / 1073741824.0, es.stream_s, (unsigned long long)es.swaps);
+                printf("  experts: %lld of %lld cached, hit rate %.1f%%; CPU pool %.3f s (%llu layer calls, %.0f us "
+                       "each), then waiting for the GPU %.3f s; streamed %.2f GiB in %.3f s; %llu swaps\n",
+                       (long long)es.cached, (long long)es.total, 100.0 * es.hits / (double)(es.hits + es.misses),
+                       es.cpu_s, (unsigned long long)es.cpu_jobs, es.cpu_jobs ? es.cpu_s / es.cpu_jobs * 1e6 : 0.0,
+                       es.wait_s, es.streamed_bytes / 1073741824.0, es.stream_s, (unsigned long long)es.swaps);
             strata_gpu_stats gs;
             if (strata_model_gpu_stats(m, &gs, 1) == 1) // with this test's session still open
                 printf("  GPU memory in use: %.2f of %.2f GiB (the whole card, all processes)\n",

@@ -720,6 +720,7 @@ static st_status serve_window(st_experts *ex) {
         if (miss) s = host_moe(ex, ex->b->pool, ew, l, x, ids, w, n, k, ex->take_cpu, y);
         else memset(y, 0, sizeof(float) * (size_t)n * ew->gate.cols);
         ex->stats.cpu_s += st_time_s() - t1;
+        ex->stats.cpu_jobs += miss > 0;
         answer(ex, l);
     }
     return s;
@@ -745,7 +746,12 @@ static void *server_main(void *arg) {
         while (!ex->job && !ex->quit) pthread_cond_wait(&ex->cv, &ex->mu);
         if (ex->quit) break;
         pthread_mutex_unlock(&ex->mu);
-        st_status s = ex->job_layer >= 0 ? serve_share(ex) : serve_window(ex);
+        // A window's misses come a few layers apart, longer than the pool's spin: held, its
+        // workers wait spinning, not asleep (a wake costs a job tens of microseconds).
+        bool hold = ex->job_layer < 0;
+        if (hold) st_pool_hold(ex->b->pool, true);
+        st_status s = hold ? serve_window(ex) : serve_share(ex);
+        if (hold) st_pool_hold(ex->b->pool, false);
         pthread_mutex_lock(&ex->mu);
         ex->job_status = s;
         if (s) snprintf(ex->job_error, sizeof ex->job_error, "%s", st_error());
@@ -810,6 +816,7 @@ static st_status hybrid_sync(st_experts *ex, st_backend *b, const st_moe_args *a
         if (cpu) {
             st_status cs = wait_job(ex); // always: the serving thread is using the slot
             ex->stats.cpu_s += ex->job_cpu_s;
+            ex->stats.cpu_jobs++;
             if (!s) s = cs;
             if (!s) {
                 b->ops->from_host(b, ex->y_dev, h + ex->hand_y, sizeof(float) * (size_t)n * d);

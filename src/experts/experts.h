@@ -210,6 +210,7 @@ typedef struct st_experts_stats {
     uint64_t streamed_bytes;      // expert bytes copied to the device for prompt chunks
     uint64_t swaps;               // adaptive swaps done
     double cpu_s;                 // the CPU pool computing misses
+    uint64_t cpu_jobs;            // hybrid layer calls whose misses the CPU pool computed
     double wait_s;                // the host waiting for the GPU to hand over a layer's routing
     double stream_s;              // copying experts to the device and computing them there
     int64_t layers;               // hybrid layer calls

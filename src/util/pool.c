@@ -32,6 +32,7 @@ struct st_pool {
     _Atomic int sleepers;    // workers asleep (or about to sleep) on gen
     _Atomic int caller_asleep; // the caller sleeps on pending
     _Atomic int stop;
+    _Atomic int hold;        // st_pool_hold: waiting threads spin instead of sleeping
     // st_pool_barrier: arrivals in the current round, and the round's number (each on its own
     // cache line: every arrival writes bar_count, every waiter reads bar_gen).
     _Alignas(64) _Atomic uint32_t bar_count;
@@ -67,8 +68,9 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-// Spins until *addr != value or the spin time is over; returns the last value read.
-static uint32_t spin_while_equal(_Atomic uint32_t *addr, uint32_t value) {
+// Spins until *addr != value or the spin time is over (never, while the pool is held); returns
+// the last value read.
+static uint32_t spin_while_equal(st_pool *pool, _Atomic uint32_t *addr, uint32_t value) {
     uint32_t v = atomic_load_explicit(addr, memory_order_acquire);
     if (v != value) return v;
     int64_t until = now_ns() + POOL_SPIN_NS;
@@ -78,7 +80,7 @@ static uint32_t spin_while_equal(_Atomic uint32_t *addr, uint32_t value) {
             v = atomic_load_explicit(addr, memory_order_acquire);
             if (v != value) return v;
         }
-        if (now_ns() > until) return v;
+        if (now_ns() > until && !atomic_load_explicit(&pool->hold, memory_order_relaxed)) return v;
         // Let another thread run: when the machine has more runnable threads than cores, the
         // one we wait for may be waiting for this core, and pure spinning would cost it a
         // whole time slice (measured: 10x slower decode on 2 loaded cores). Costs ~0.3 us.
@@ -93,14 +95,15 @@ static void *worker_main(void *p) {
     free(wa);
     uint32_t seen = 0;
     for (;;) {
-        uint32_t g = spin_while_equal(&pool->gen, seen);
+        uint32_t g = spin_while_equal(pool, &pool->gen, seen);
         if (g == seen) {
             // Announce the sleep before re-checking gen: st_pool_run bumps gen and then reads
             // sleepers (both sequentially consistent), so either we see the new gen here or it
-            // sees us and wakes the futex.
+            // sees us and wakes the futex. st_pool_hold wakes sleepers the same way.
             atomic_fetch_add(&pool->sleepers, 1);
-            while ((g = atomic_load(&pool->gen)) == seen) futex_wait(&pool->gen, seen);
+            while ((g = atomic_load(&pool->gen)) == seen && !atomic_load(&pool->hold)) futex_wait(&pool->gen, seen);
             atomic_fetch_sub(&pool->sleepers, 1);
+            if (g == seen) continue; // held: back to spinning
         }
         seen = g;
         if (atomic_load_explicit(&pool->stop, memory_order_acquire)) break;
@@ -157,6 +160,12 @@ void st_pool_free(st_pool *pool) {
 
 int st_pool_size(const st_pool *pool) { return pool ? pool->n : 1; }
 
+void st_pool_hold(st_pool *pool, bool on) {
+    if (!pool || pool->n == 1) return;
+    atomic_store(&pool->hold, on ? 1 : 0);
+    if (on && atomic_load(&pool->sleepers) > 0) futex_wake(&pool->gen, INT_MAX);
+}
+
 void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx) {
     if (!pool || pool->n == 1) {
         fn(ctx, 0, 1);
@@ -170,7 +179,7 @@ void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx) {
     fn(ctx, 0, pool->n);
     uint32_t p = atomic_load_explicit(&pool->pending, memory_order_acquire);
     while (p != 0) {
-        uint32_t q = spin_while_equal(&pool->pending, p);
+        uint32_t q = spin_while_equal(pool, &pool->pending, p);
         if (q == p) { // no worker finished within the spin time: sleep until one does
             atomic_store(&pool->caller_asleep, 1);
             // Re-read after announcing: the last worker reads caller_asleep after its decrement.
@@ -197,7 +206,7 @@ void st_pool_barrier(st_pool *pool) {
         if (atomic_load(&pool->bar_sleepers) > 0) futex_wake(&pool->bar_gen, INT_MAX);
         return;
     }
-    if (spin_while_equal(&pool->bar_gen, g) == g) { // a long wait: sleep (as the workers do on gen)
+    if (spin_while_equal(pool, &pool->bar_gen, g) == g) { // a long wait: sleep (as the workers do on gen)
         atomic_fetch_add(&pool->bar_sleepers, 1);
         while (atomic_load(&pool->bar_gen) == g) futex_wait(&pool->bar_gen, g);
         atomic_fetch_sub(&pool->bar_sleepers, 1);

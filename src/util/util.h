@@ -115,4 +115,9 @@ void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx); // pool may be NULL: 
 // thread must call it the same number of times), with all their writes before it visible.
 // Reusable back to back; a thread that waits long sleeps. No-op for a NULL or one-thread pool.
 void st_pool_barrier(st_pool *pool);
+// While held, idle workers (and waits inside jobs) spin instead of sleeping, and sleeping workers
+// are woken to spin: for a run of small jobs with gaps longer than the spin time (a hybrid decode
+// window's missed experts, one job every few layers), where a futex wake would cost each job tens
+// of microseconds. Burns the pool's cores until released. No-op for a NULL or one-thread pool.
+void st_pool_hold(st_pool *pool, bool on);
 int st_cpu_count(void);  // online logical CPUs

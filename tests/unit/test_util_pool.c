@@ -1,7 +1,7 @@
 // Unit tests for the thread pool: every thread runs each call exactly once, results are visible
-// to the caller, back-to-back and sleeping workers both work, the per-call overhead (printed)
-// stays in microseconds, and st_pool_barrier separates phases of one job (many rounds, fast and
-// slow arrivals).
+// to the caller, back-to-back and sleeping workers both work, a held pool works through gaps,
+// the per-call overhead (printed) stays in microseconds, and st_pool_barrier separates phases
+// of one job (many rounds, fast and slow arrivals).
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -104,6 +104,39 @@ static void test_after_sleep(void **state) {
     st_pool_free(pool);
 }
 
+// Held (st_pool_hold), workers that had gone to sleep are woken to spin, and calls with gaps
+// longer than the spin time (a hybrid window's pattern) run everywhere; released, the pool works
+// as before; a pool freed while held shuts down. The call latency after a gap is printed.
+static void test_hold(void **state) {
+    (void)state;
+    st_pool_hold(NULL, true); // no pool, one thread: nothing to hold
+    st_pool *one = st_pool_create(1);
+    st_pool_hold(one, true);
+    st_pool_free(one);
+    st_pool *pool = st_pool_create(3);
+    count_ctx c;
+    memset(&c, 0, sizeof c);
+    st_pool_run(pool, count_fn, &c);
+    usleep(3000); // the workers sleep
+    st_pool_hold(pool, true);
+    double worst = 0;
+    for (int it = 0; it < 20; it++) {
+        usleep(1000);
+        double t0 = st_time_s();
+        st_pool_run(pool, count_fn, &c);
+        double us = (st_time_s() - t0) * 1e6;
+        if (us > worst) worst = us;
+    }
+    print_message("[    INFO  ] held pool of 3: slowest call after a 1 ms gap %.1f us\n", worst);
+    st_pool_hold(pool, false);
+    usleep(3000);
+    st_pool_run(pool, count_fn, &c);
+    assert_int_equal(atomic_load(&c.calls), 3 * 22);
+    for (int i = 0; i < 3; i++) assert_int_equal(c.seen[i], 22);
+    st_pool_hold(pool, true);
+    st_pool_free(pool); // held: the spinning workers still see the stop
+}
+
 static void noop_fn(void *p, int ith, int nth) {
     (void)p;
     (void)ith;
@@ -200,6 +233,7 @@ int main(void) {
         cmocka_unit_test(test_null_pool),
         cmocka_unit_test(test_results_visible),
         cmocka_unit_test(test_after_sleep),
+        cmocka_unit_test(test_hold),
         cmocka_unit_test(test_overhead),
         cmocka_unit_test(test_barrier),
     };
