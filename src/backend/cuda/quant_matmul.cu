@@ -818,6 +818,63 @@ static void gemm(st_cuda *c, const void *w, cudaDataType wt, const void *x, cuda
         CUQ_FAIL(c, "cublasGemmEx %lld x %lld x %lld: %s", (long long)m, (long long)n, (long long)k, cublas_name(s));
 }
 
+// Y (n, m) = X (n, k) · Wᵀ for f32 weights W (m, k), rows ldw floats apart, in exact fp32: tiles
+// of 64 weight rows x 64 x rows, 32 columns deep, through shared memory; each of 256 threads
+// keeps a 4 x 4 block of sums. For the routers of 64-128 experts: cuBLAS's SGEMM took ~0.8 ms for
+// the 30B-A3B's 128 x 2048 router at n = 2048 on the H200 (1.3 TFLOPS, a fifth of the prompt);
+// with this kernel the prompt ran 21% faster. For the Next's 512 x 2048 router cuBLAS was the
+// faster (that prompt 7% slower with this kernel), so wider f32 matrices stay with cuBLAS.
+#define ST_SG_T 64
+#define ST_SG_K 32
+
+__global__ void __launch_bounds__(256)
+    sgemm_kernel(const float *__restrict__ w, int64_t ldw, const float *__restrict__ x, int64_t m, int64_t n, int64_t k,
+                 float *__restrict__ y) {
+    st_pdl_begin();
+    __shared__ float ws[ST_SG_K][ST_SG_T + 4], xs[ST_SG_K][ST_SG_T + 4]; // [depth][row]: rows contiguous
+    int tid = threadIdx.x, tr = tid / 16, tc = tid % 16;
+    int64_t r0 = (int64_t)blockIdx.y * ST_SG_T, c0 = (int64_t)blockIdx.x * ST_SG_T;
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < k; k0 += ST_SG_K) {
+        // 64 x 32 of each operand: 8 elements a thread, 32 consecutive columns a row (coalesced).
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int e = tid + 256 * i, row = e / ST_SG_K, kk = e % ST_SG_K;
+            int64_t kc = k0 + kk, wr = r0 + row, xr = c0 + row;
+            ws[kk][row] = wr < m && kc < k ? w[wr * ldw + kc] : 0.0f;
+            xs[kk][row] = xr < n && kc < k ? x[xr * k + kc] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < ST_SG_K; kk++) {
+            float4 a = *(const float4 *)&ws[kk][tr * 4], b = *(const float4 *)&xs[kk][tc * 4];
+            float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int64_t xr = c0 + tc * 4 + j;
+        if (xr >= n) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t wr = r0 + tr * 4 + i;
+            if (wr < m) y[xr * m + wr] = acc[i][j];
+        }
+    }
+}
+
+static void sgemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
+    dim3 grid((unsigned)((n + ST_SG_T - 1) / ST_SG_T), (unsigned)((w->rows + ST_SG_T - 1) / ST_SG_T));
+    st_launch(c, sgemm_kernel, grid, 256, 0, (const float *)w->data, (int64_t)(w->row_bytes / 4), x, w->rows,
+              (int64_t)n, w->cols, y);
+    ST_CU_LAUNCHED(c, "sgemm_kernel");
+}
+
 // ---------------------------------------------------------------------------------------------
 // matmul
 
@@ -841,6 +898,11 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
 static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
     int64_t cols = w->cols, rows = w->rows;
     if (w->type == ST_TYPE_F32) {
+        // Own kernel where cuBLAS's SGEMM measured slow (see sgemm_kernel): 64-128 rows.
+        if (rows >= ST_SG_T && rows <= 2 * ST_SG_T) {
+            sgemm(c, w, x, n, y);
+            return;
+        }
         if (w->row_bytes != (size_t)cols * 4) goto strided;
         gemm(c, w->data, CUDA_R_32F, x, CUDA_R_32F, y, rows, n, cols, rows);
         return;
@@ -1236,8 +1298,9 @@ static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 // ---------------------------------------------------------------------------------------------
 // Routed experts, n <= 16, three launches (moe2): the gate/up kernel and the down kernel each
 // work out their slot's expert and members from ids themselves (the plan is a few hundred
-// comparisons in shared memory) and quantize only their members' rows into shared memory;
-// the combine kernel sums the weighted outputs. Grid (row tiles, slot u < n*k) as before.
+// comparisons in shared memory; for one row there is none, moe2_one) and quantize only their
+// members' rows into shared memory; the combine kernel sums the weighted outputs. Grid (row
+// tiles, slot u < n*k) as before.
 
 #define ST_MOE2_WARPS 8
 #define ST_MOE2_SMEM_MAX (32 * 1024) // dynamic: the quantized member rows (static: the plan, 12 KB)
@@ -1268,17 +1331,19 @@ struct st_moe2_args {
 #define ST_MOE2_MAX_TILES 4096
 __device__ unsigned moe2_counters[ST_MOE2_MAX_TILES];
 
+// The matrix of router id v in this stack, or -1 (not here, or out of range).
+__device__ __forceinline__ int moe2_matrix(const st_moe2_args &p, int v) {
+    if (p.slot_map) v = v >= 0 && v < p.n_route ? p.slot_map[v] : -1;
+    return v >= 0 && v < p.n_expert ? v : -1;
+}
+
 // Slot blockIdx.y's expert (*e) and members (s_asg, ascending): the u-th distinct valid expert
 // in order of first appearance, as moe_plan_kernel numbers them. Returns the member count
 // (0: an idle slot, the same for every thread of the block).
-__device__ int moe2_members(const st_moe2_args &p, int *s_e, int *s_lead, int *s_asg, int *e) {
-    __shared__ int s_sel, s_m;
+__device__ int moe2_members(const st_moe2_args &p, int *s_asg, int *e) {
+    __shared__ int s_sel, s_m, s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX];
     int tid = threadIdx.x, nt = blockDim.x, na = p.na;
-    for (int a = tid; a < na; a += nt) {
-        int v = p.ids[a];
-        if (p.slot_map) v = v >= 0 && v < p.n_route ? p.slot_map[v] : -1;
-        s_e[a] = v >= 0 && v < p.n_expert ? v : -1;
-    }
+    for (int a = tid; a < na; a += nt) s_e[a] = moe2_matrix(p, p.ids[a]);
     if (tid == 0) s_sel = -1;
     __syncthreads();
     for (int a = tid; a < na; a += nt) {
@@ -1313,13 +1378,33 @@ __device__ int moe2_members(const st_moe2_args &p, int *s_e, int *s_lead, int *s
     return s_m;
 }
 
+// One row (n == 1): slot u is assignment u alone (no plan: a row's k experts are distinct, and
+// were two the same, each slot would still compute its own assignment). Its input row (x row 0
+// for gate/up, h row u for down) does not depend on the expert, so it is quantized into shared
+// memory while the id loads, and one barrier serves both. Returns 1, or 0 for an idle slot.
+__device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem) {
+    __shared__ int s_sel;
+    int u = blockIdx.y;
+    if (threadIdx.x == 0) {
+        s_sel = moe2_matrix(p, p.ids[u]);
+        s_asg[0] = u;
+    }
+    quant_split(p.x + (size_t)(u / p.rdiv) * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+    __syncthreads();
+    *e = s_sel;
+    return s_sel >= 0;
+}
+
 // GATE: out = silu(gate · x) · (up · x), P gate/up row pairs per warp; else out = W · x, 2P
 // rows per warp. More rows per warp keep more loads in flight per lane and share each block's
 // member plan and quantized rows among more weight rows (at one row the down product, whose
 // rows are only 24 chunks long at the 30B shape, is otherwise mostly the block's set-up).
-// The rows of one expert (e, with m members s_asg) a block of moe2_kernel computes.
+// The rows of one expert (e, with m members s_asg) a block of moe2_kernel computes; with ready,
+// the members' rows are in shared memory already (moe2_one).
 template <int T, int NX, bool GATE, int P>
-__device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem) {
+__device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
+                                          bool ready) {
     constexpr int R = 2 * P;             // weight rows per warp
     constexpr int WR = GATE ? P : 2 * P; // output rows per warp
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1345,9 +1430,11 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
     for (int g0 = 0; g0 < m; g0 += p.gcap) {
         int gn = m - g0 < p.gcap ? m - g0 : p.gcap;
-        if (g0 > 0) __syncthreads(); // the previous group's rows are no longer read
-        quant_split(p.x, p.cols, s_asg + g0, p.rdiv, gn, p.cols, sq, sds, threadIdx.x, blockDim.x);
-        __syncthreads();
+        if (!ready) {
+            if (g0 > 0) __syncthreads(); // the previous group's rows are no longer read
+            quant_split(p.x, p.cols, s_asg + g0, p.rdiv, gn, p.cols, sq, sds, threadIdx.x, blockDim.x);
+            __syncthreads();
+        }
         if (r0 >= p.rows) continue;
         float acc[R][NX];
 #pragma unroll
@@ -1390,15 +1477,15 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
 template <int T, int NX, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
     st_pdl_begin();
-    __shared__ int s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX], s_asg[ST_CUQ_PLAN_MAX];
+    __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     extern __shared__ __align__(16) uint8_t moe2_smem[];
     if (GATE && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
         for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
             int v = p.ids[a];
             if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
         }
-    int e, m = moe2_members(p, s_e, s_lead, s_asg, &e);
-    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem);
+    int e, m = NX == 1 ? moe2_one(p, s_asg, &e, moe2_smem) : moe2_members(p, s_asg, &e);
+    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1);
     if (GATE || !p.y) return;
 
     // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
@@ -1424,7 +1511,7 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
         float acc = 0.0f;
         for (int j = 0; j < p.k; j++) {
             int a = i * p.k + j;
-            if (s_e[a] < 0) continue;
+            if (moe2_matrix(p, p.ids[a]) < 0) continue;
             acc += p.wts[a] * __ldcg(p.out + (size_t)a * p.rows + r);
         }
         float *yr = p.y + (size_t)i * p.rows + r;
