@@ -308,7 +308,7 @@ static void cuda_graph_free(st_backend *b, void *graph) {
 static void cuda_destroy(st_backend *b) {
     st_cuda *c = st_cuda_of(b);
     cudaStreamSynchronize(c->stream);
-    st_cuda_profile_report();
+    st_cuda_profile_report(c);
     for (int i = 0; i < ST_SCR_COUNT; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     if (c->cublas) cublasDestroy(c->cublas);

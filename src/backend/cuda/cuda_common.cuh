@@ -139,7 +139,7 @@ void *st_cuda_scratch(st_cuda *c, int slot, size_t bytes);
 // profile.cu: STRATA_CUDA_PROFILE=1 wraps every op with CUDA-event timing (graphs off); the
 // table is printed when the backend is freed.
 const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real, bool time_ops, const char *skip_keys);
-void st_cuda_profile_report(void);
+void st_cuda_profile_report(const st_cuda *c);
 
 // ---------------------------------------------------------------------------------------------
 // Ops, by file. Rules for every op (see DESIGN.md and backend.h):

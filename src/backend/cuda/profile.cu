@@ -121,8 +121,19 @@ static int by_time(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-void st_cuda_profile_report(void) {
+void st_cuda_profile_report(const st_cuda *c) {
     if (!inner || !n_prof) return;
+    // The work buffers only grow, so at close they show the peak a run needed: what the memory
+    // plan's allowance for them (st_state_plan_bytes) has to cover.
+    static const char *names[] = {"act", "deq", "attn", "moe", "moe2", "gdn", "misc", "moemap"};
+    static_assert(sizeof names / sizeof names[0] == ST_SCR_COUNT, "a name per work buffer");
+    size_t all = 0;
+    fprintf(stderr, "\nGPU work buffers at close (MiB):");
+    for (int i = 0; i < ST_SCR_COUNT; i++) {
+        fprintf(stderr, " %s %.1f", names[i], c->scratch_bytes[i] / 1048576.0);
+        all += c->scratch_bytes[i];
+    }
+    fprintf(stderr, "; %.1f in all\n", all / 1048576.0);
     double total = 0;
     for (int i = 0; i < n_prof; i++) total += prof[i].ms;
     qsort(prof, (size_t)n_prof, sizeof prof[0], by_time);
