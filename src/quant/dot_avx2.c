@@ -741,27 +741,44 @@ static _Alignas(32) const int16_t iq1m_sc[64][16] = {IQ1M_SC16(0), IQ1M_SC16(16)
 AI void iq1_m_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_iq1_m *b = w;
     const int64_t nb = n / QK_K;
+    const __m128i m7 = _mm_set1_epi8(7), m15 = _mm_set1_epi8(15);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
-        uint16_t sc[4];
-        memcpy(sc, b[i].scales, sizeof sc);
-        st_f16 dh = (st_f16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+        uint64_t sc;
+        memcpy(&sc, b[i].scales, sizeof sc);
+        st_f16 dh = (st_f16)((sc >> 12 & 0x000f) | (sc >> 24 & 0x00f0) | (sc >> 36 & 0x0f00) | (sc >> 48 & 0xf000));
         float d = f16(dh) * 0.125f;
+        // The block's 32 grid indices at once (qs byte | the low 3 bits of its qh nibble << 8)
+        // and its 32 delta signs (bit 3 of each nibble) as one mask: per group, four loads of
+        // ready indices and a shift instead of ~30 scalar operations (one Zen 3 core: 1.1-1.7
+        // -> 1.8-2.3 GB/s of weights; ggml 1.6-2.6 in the same runs).
+        __m128i qh = _mm_loadu_si128((const __m128i *)b[i].qh);
+        __m128i lo = _mm_and_si128(qh, m15), hi = _mm_and_si128(_mm_srli_epi16(qh, 4), m15);
+        __m128i n0 = _mm_unpacklo_epi8(lo, hi), n1 = _mm_unpackhi_epi8(lo, hi); // nibble j of the block
+        __m128i q0 = _mm_loadu_si128((const __m128i *)b[i].qs), q1 = _mm_loadu_si128((const __m128i *)(b[i].qs + 16));
+        _Alignas(32) uint16_t idx[32];
+        __m128i h0 = _mm_and_si128(n0, m7), h1 = _mm_and_si128(n1, m7);
+        _mm_store_si128((__m128i *)idx, _mm_unpacklo_epi8(q0, h0));
+        _mm_store_si128((__m128i *)(idx + 8), _mm_unpackhi_epi8(q0, h0));
+        _mm_store_si128((__m128i *)(idx + 16), _mm_unpacklo_epi8(q1, h1));
+        _mm_store_si128((__m128i *)(idx + 24), _mm_unpackhi_epi8(q1, h1));
+        // Read back through memory (loads are cheap; left to itself the compiler moves each
+        // index out with a pextrw, two operations on the vector-to-integer path).
+        __asm__ volatile("" : : "r"(idx) : "memory");
+        uint32_t dmask = (uint32_t)_mm_movemask_epi8(_mm_slli_epi16(n0, 4)) |
+                         (uint32_t)_mm_movemask_epi8(_mm_slli_epi16(n1, 4)) << 16;
         // Group by group (its vectors used by every row while in registers), not all eight
         // groups first: 24 live vectors would not fit in 16 registers.
         __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                            _mm256_setzero_si256()};
         #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
-            const uint8_t *qs = b[i].qs + 4 * g;
-            unsigned qh = b[i].qh[2 * g] | (unsigned)b[i].qh[2 * g + 1] << 8; // four 4-bit fields
-            __m256i grid = set_u64x4(st_iq1s_grid[qs[0] | (qh << 8 & 0x700)], st_iq1s_grid[qs[1] | (qh << 4 & 0x700)],
-                                     st_iq1s_grid[qs[2] | (qh & 0x700)], st_iq1s_grid[qs[3] | (qh >> 4 & 0x700)]);
-            unsigned dbits = (qh >> 3 & 1) | (qh >> 6 & 2) | (qh >> 9 & 4) | (qh >> 12 & 8);
+            const uint16_t *ix = idx + 4 * g;
+            __m256i grid = set_u64x4(st_iq1s_grid[ix[0]], st_iq1s_grid[ix[1]], st_iq1s_grid[ix[2]], st_iq1s_grid[ix[3]]);
             __m256i g8 = _mm256_and_si256(_mm256_slli_epi16(grid, 3), _mm256_set1_epi8((char)0xf8));
-            __m256i q = _mm256_add_epi8(g8, _mm256_load_si256((const __m256i *)iq1m_dsg[dbits]));
+            __m256i q = _mm256_add_epi8(g8, _mm256_load_si256((const __m256i *)iq1m_dsg[dmask >> (4 * g) & 15]));
             __m256i aq = _mm256_abs_epi8(q);
-            __m256i scv = _mm256_load_si256((const __m256i *)iq1m_sc[(sc[g / 2] >> (6 * (g % 2))) & 63]);
+            __m256i scv = _mm256_load_si256((const __m256i *)iq1m_sc[sc >> (16 * (g / 2) + 6 * (g % 2)) & 63]);
             #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const block_q8_K *y = XROW(block_q8_K, r) + i;
