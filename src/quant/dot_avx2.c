@@ -510,7 +510,6 @@ DEFINE_DOTS(q3_K, q3_K_rows)
 // (signs32) applied to the activations with vpsignb; every group of 32 has one odd scale (two
 // for IQ2_XS/IQ2_S, one per 16).
 
-
 AI __m256i set_u64x4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { // a lowest
     return _mm256_set_epi64x((long long)d, (long long)c, (long long)b, (long long)a);
 }
@@ -535,21 +534,25 @@ AI uint32_t load_u32(const uint8_t *p) {
 enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
 
 // Group g (32 elements) of block blk: unsigned grid bytes, +-1 signs and int16 scales.
-// IQ2_XS: the block's 32 sign bytes (7 stored bits plus the bit that makes the count of set
-// bits even) from a few vector operations (nibble parities by a table shuffle), for signs32;
-// four table loads and inserts a group cost more (0.70 of ggml's speed against 1.00, one core).
-AI __m256i iq2xs_sign_bytes(const uint16_t *qs) {
+// A 7-bit sign field (0..127 in the low byte of each 16- or 32-bit lane, the lane's other bytes
+// zero) with its eighth bit, the one that makes the count of set bits even: the nibbles'
+// parities by a table shuffle.
+AI __m256i with_parity7(__m256i f) {
     const __m256i par4 = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1,
                                           1, 0, 0, 1, 0, 1, 1, 0);
-    const __m256i m4 = _mm256_set1_epi16(15);
+    __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(par4, _mm256_and_si256(f, _mm256_set1_epi8(15))),
+                                   _mm256_shuffle_epi8(par4, _mm256_srli_epi16(f, 4)));
+    return _mm256_or_si256(f, _mm256_slli_epi16(par, 7));
+}
+
+// IQ2_XS: the block's 32 sign bytes (7 stored bits plus the parity bit) from a few vector
+// operations, for signs32; four table loads and inserts a group cost more (0.70 of ggml's speed
+// against 1.00, one core).
+AI __m256i iq2xs_sign_bytes(const uint16_t *qs) {
     __m256i v[2];
     #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        __m256i k = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(qs + 16 * h)), 9); // 0..127
-        __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(par4, _mm256_and_si256(k, m4)),
-                                       _mm256_shuffle_epi8(par4, _mm256_srli_epi16(k, 4)));
-        v[h] = _mm256_or_si256(k, _mm256_slli_epi16(par, 7));
-    }
+    for (int h = 0; h < 2; h++) // the top 7 bits of each index word
+        v[h] = with_parity7(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(qs + 16 * h)), 9));
     // packus interleaves the halves by 64 bits: put the 32 bytes back in order.
     return _mm256_permute4x64_epi64(_mm256_packus_epi16(v[0], v[1]), 0xD8);
 }
@@ -560,16 +563,12 @@ AI __m256i iq2xs_sign_bytes(const uint16_t *qs) {
 // of each 7-bit field, ready-made) measured 1.9-2.1 GB/s for IQ2_XXS on a Zen 3 core against
 // 2.4-2.7 this way (IQ3_XXS 2.3-2.9 against 2.8-3.4; ggml 2.6 and 2.1).
 AI __m256i aux_sign_words(__m256i aux) {
-    const __m256i par4 = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1,
-                                          1, 0, 0, 1, 0, 1, 1, 0);
-    const __m256i m127 = _mm256_set1_epi32(127), m15 = _mm256_set1_epi32(15);
+    const __m256i m127 = _mm256_set1_epi32(127);
     __m256i words = _mm256_setzero_si256();
     #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         __m256i f = _mm256_and_si256(_mm256_srli_epi32(aux, 7 * j), m127); // one field a dword
-        __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(par4, _mm256_and_si256(f, m15)),
-                                       _mm256_shuffle_epi8(par4, _mm256_srli_epi32(f, 4)));
-        words = _mm256_or_si256(words, _mm256_slli_epi32(_mm256_or_si256(f, _mm256_slli_epi32(par, 7)), 8 * j));
+        words = _mm256_or_si256(words, _mm256_slli_epi32(with_parity7(f), 8 * j));
     }
     return words;
 }
