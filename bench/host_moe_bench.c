@@ -7,10 +7,12 @@
 //   cc -O2 -std=c11 -D_GNU_SOURCE bench/host_moe_bench.c -Isrc /tmp/bh/libst_experts.a
 //      /tmp/bh/libst_backend.a /tmp/bh/libst_quant.a /tmp/bh/libst_util.a -lm -lpthread -o /tmp/hmb
 //   usage: hmb THREADS D F E K N[,N...] [CALLS]      e.g. hmb 2 2048 768 128 8 1,2,4,8
-// Interleave the runs of two builds on a shared machine.
+// Interleave the runs of two builds on a shared machine. HMB_THP=1 / 0: the experts in 2 MiB / 4 KiB
+// pages (grep AnonHugePages /proc/meminfo shows what the system gave).
 
 #include <math.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,19 @@ static int cmp_double(const void *a, const void *b) {
 
 static st_mat3 q4k_stack(int64_t rows, int64_t cols, int E) {
     size_t rb = st_row_bytes(ST_TYPE_Q4_K, cols), bytes = rb * (size_t)rows * E;
-    uint8_t *p = st_alloc(bytes);
+    // HMB_THP=1: 2 MiB pages (transparent huge pages by madvise), HMB_THP=0: 4 KiB pages forced;
+    // unset: whatever the allocator and the system's THP setting give.
+    const char *thp = getenv("HMB_THP");
+    uint8_t *p;
+    if (thp) {
+        size_t len = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        p = mmap(NULL, len + (2u << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) exit(1);
+        p = (uint8_t *)(((uintptr_t)p + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1));
+        madvise(p, len, atoi(thp) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    } else {
+        p = st_alloc(bytes);
+    }
     if (!p) exit(1);
     for (size_t i = 0; i + 8 <= bytes; i += 8) {
         uint64_t v = next_u64();
@@ -74,6 +88,10 @@ int main(int argc, char **argv) {
     double gb_expert = (double)(gate.mat_bytes + up.mat_bytes + down.mat_bytes) / 1e9;
     printf("host_moe_bench: %d threads, d=%d F=%d E=%d k=%d q4_K, %d calls (%.0f MB of experts)\n", nth, d, F, E, k,
            calls, gb_expert * E * 1e3);
+    FILE *sm = fopen("/proc/self/smaps_rollup", "r");
+    for (char line[256]; sm && fgets(line, sizeof line, sm);)
+        if (!strncmp(line, "AnonHugePages:", 14)) printf("%s", line);
+    if (sm) fclose(sm);
     for (char *tok = strtok(argv[6], ","); tok; tok = strtok(NULL, ",")) {
         int n = atoi(tok);
         if (n < 1 || n > nmax) continue;
