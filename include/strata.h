@@ -135,6 +135,7 @@ strata_status strata_session_expert_counts(strata_session *s, uint64_t *counts, 
 typedef struct strata_expert_stats {
     uint64_t hits, misses, streamed_bytes, swaps, cpu_jobs;
     double cpu_s, wait_s, stream_s;
+    double gpu_wait_s;              // the GPU waiting for the CPU pool's answers (decode windows)
     int64_t cached, total;          // experts in the GPU's cache, experts in the model
     double pcie_frac;               // share of decode misses streamed to the GPU (--pcie-frac, or the probe's)
 } strata_expert_stats;

@@ -143,12 +143,20 @@ int st_bench_model(int argc, char **argv) {
             snprintf(name, sizeof name, is_decode ? "decode" : "prompt %d", n);
             printf("%-14s %8d %10.3f %12.1f\n", name, n, t1 - t0, n / (t1 - t0));
             strata_expert_stats es = strata_session_expert_stats(s);
-            if (es.hits + es.misses)
+            if (es.hits + es.misses) {
                 printf("  experts: %lld of %lld cached, hit rate %.1f%%; CPU pool %.3f s (%llu layer calls, %.0f us "
                        "each), then waiting for the GPU %.3f s; streamed %.2f GiB in %.3f s; %llu swaps\n",
                        (long long)es.cached, (long long)es.total, 100.0 * es.hits / (double)(es.hits + es.misses),
                        es.cpu_s, (unsigned long long)es.cpu_jobs, es.cpu_jobs ? es.cpu_s / es.cpu_jobs * 1e6 : 0.0,
                        es.wait_s, es.streamed_bytes / 1073741824.0, es.stream_s, (unsigned long long)es.swaps);
+                // Overlap: the share of the pool's time the GPU spent on its own work rather than
+                // waiting for the answer (the wait includes the hand-off's latency).
+                if (es.cpu_s > 0) {
+                    double ov = 1.0 - es.gpu_wait_s / es.cpu_s;
+                    printf("  the GPU waited %.3f s for the CPU pool: %.0f%% of the pool's time overlapped GPU work\n",
+                           es.gpu_wait_s, 100.0 * (ov < 0 ? 0 : ov > 1 ? 1 : ov));
+                }
+            }
             strata_gpu_stats gs;
             if (strata_model_gpu_stats(m, &gs, 1) == 1) // with this test's session still open
                 printf("  GPU memory in use: %.2f of %.2f GiB (the whole card, all processes)\n",

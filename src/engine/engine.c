@@ -291,7 +291,7 @@ strata_expert_stats strata_session_expert_stats(const strata_session *s) {
     st_experts_stats x = st_state_expert_stats(s->state);
     strata_expert_stats r = {.hits = x.hits, .misses = x.misses, .streamed_bytes = x.streamed_bytes,
                              .swaps = x.swaps, .cpu_jobs = x.cpu_jobs, .cpu_s = x.cpu_s, .wait_s = x.wait_s,
-                             .stream_s = x.stream_s};
+                             .stream_s = x.stream_s, .gpu_wait_s = x.gpu_wait_s};
     cache_size(s->m, &r);
     return r;
 }
@@ -316,6 +316,7 @@ static void count_experts(strata_session *s) {
     m->experts.cpu_s += x.cpu_s - c->cpu_s;
     m->experts.cpu_jobs += x.cpu_jobs - c->cpu_jobs;
     m->experts.wait_s += x.wait_s - c->wait_s;
+    m->experts.gpu_wait_s += x.gpu_wait_s - c->gpu_wait_s;
     m->experts.stream_s += x.stream_s - c->stream_s;
     pthread_mutex_unlock(&m->stats_mu);
     *c = x;

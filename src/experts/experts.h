@@ -212,6 +212,7 @@ typedef struct st_experts_stats {
     double cpu_s;                 // the CPU pool computing misses
     uint64_t cpu_jobs;            // hybrid layer calls whose misses the CPU pool computed
     double wait_s;                // the host waiting for the GPU to hand over a layer's routing
+    double gpu_wait_s;            // the GPU waiting for the host's answer (decode windows)
     double stream_s;              // copying experts to the device and computing them there
     int64_t layers;               // hybrid layer calls
 } st_experts_stats;

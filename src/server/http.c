@@ -371,11 +371,11 @@ static json_t *status_json(st_server *s) {
     strata_expert_stats es = strata_model_expert_stats(s->m);
     json_t *ec = json_null();
     if (es.cached < es.total && s->info.gpu >= 0)
-        ec = json_pack("{s:I,s:I,s:f,s:I,s:I,s:f,s:I,s:f,s:I,s:I,s:f}", "cached", (json_int_t)es.cached, "total",
+        ec = json_pack("{s:I,s:I,s:f,s:I,s:I,s:f,s:I,s:f,s:f,s:I,s:I,s:f}", "cached", (json_int_t)es.cached, "total",
                        (json_int_t)es.total, "hit_rate",
                        es.hits + es.misses ? (double)es.hits / (double)(es.hits + es.misses) : 0.0, "hits",
                        (json_int_t)es.hits, "misses", (json_int_t)es.misses, "cpu_seconds", es.cpu_s,
-                       "cpu_jobs", (json_int_t)es.cpu_jobs, "stream_seconds", es.stream_s, "streamed_bytes", (json_int_t)es.streamed_bytes, "swaps",
+                       "cpu_jobs", (json_int_t)es.cpu_jobs, "gpu_wait_seconds", es.gpu_wait_s, "stream_seconds", es.stream_s, "streamed_bytes", (json_int_t)es.streamed_bytes, "swaps",
                        (json_int_t)es.swaps, "pcie_frac", es.pcie_frac);
     return json_pack("{s:s,s:s,s:i,s:i,s:f,s:o,s:{s:i,s:i},s:{s:I,s:i,s:I},s:{s:I,s:I},s:{s:f,s:f},s:{s:I,s:I},"
                      "s:o,s:{s:f,s:I,s:I,s:I,s:o}}",
@@ -451,6 +451,8 @@ static char *metrics_text(st_server *s, size_t *len) {
         metric(f, "expert_cpu_seconds_total", "counter", "CPU-pool seconds computing missed experts.", es.cpu_s);
         metric(f, "expert_cpu_jobs_total", "counter", "Layer calls whose missed experts the CPU pool computed.",
                (double)es.cpu_jobs);
+        metric(f, "expert_gpu_wait_seconds_total", "counter", "GPU seconds spent waiting for the CPU pool's experts.",
+               es.gpu_wait_s);
         metric(f, "expert_streamed_bytes_total", "counter", "Expert bytes copied to the GPU for prompts.",
                (double)es.streamed_bytes);
         metric(f, "expert_swaps_total", "counter", "Adaptive expert cache swaps.", (double)es.swaps);

@@ -176,11 +176,15 @@ __global__ void hand_collect_kernel(st_hand_args h) {
         const volatile uint32_t *done = h.done;
         unsigned long long t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        t = t0;
         while (*done != want) {
             __nanosleep(100);
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             if (t - t0 > (unsigned long long)ST_HOST_WAIT_S * 1000000000ull) break; // the host is gone
         }
+        // One writer at a time: collect kernels run one after another (each waits for the
+        // kernel before it), and only their thread 0 adds.
+        if (h.wait_ns) *(volatile unsigned long long *)h.wait_ns += t - t0;
         __threadfence_system();
     }
     __syncthreads();
