@@ -132,7 +132,7 @@ typedef struct st_hand_args {
     float *h_w, *h_x;
     const float *h_y;        // (n, d) the host's result
     float *y;                // (n, d) backend memory: += h_y
-    uint64_t *wait_ns;       // host_alloc memory or NULL: collect adds the ns it waited for the host
+    uint64_t *wait_ns;       // host_alloc memory or NULL: collect writes the ns it waited for the host
 } st_hand_args;
 
 // How long a device waits for a host thread's answer (hand_collect) before it gives up.

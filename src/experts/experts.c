@@ -65,8 +65,7 @@ struct st_experts {
     // Decode windows on a device: per layer a mapped page-locked slot the queued work publishes
     // the layer's routing and rows into and a host thread answers in (st_experts_serve), so
     // the window stays one recording the device replays.
-    char *hand;              // (n_layer) slots of hand_bytes, then the device's wait counter
-    uint64_t *gpu_wait_ns;   // in hand: ns the device waited for the host's answers
+    char *hand;              // (n_layer) slots of hand_bytes
     size_t hand_bytes, hand_ids, hand_w, hand_x, hand_y; // slot size and offsets of its parts
     uint32_t *seq_dev;       // backend memory: the current window's number
     int32_t *need_dev;       // (n_layer) backend memory: whether a layer's window has misses
@@ -90,7 +89,8 @@ struct st_experts {
 
 #define HAND_PUB 0  // u32s at the start of a slot: the device's "published" flag, then
 #define HAND_NEED 1 // whether the host has work (a chosen expert is missing from the device),
-#define HAND_DONE 2 // and the host's "answered" flag
+#define HAND_DONE 2 // and the host's "answered" flag; a u64 at u32 4: the ns the device waited
+#define HAND_WAIT 4 // for the answer (written by the device, summed and cleared after the window)
 
 // Device memory for experts streamed to the GPU per prompt chunk (planned with the KV cache).
 #define ST_STAGE_BYTES ((size_t)512 << 20)
@@ -147,12 +147,7 @@ void st_experts_free(st_experts *ex) {
     st_free(ex);
 }
 
-st_experts_stats st_experts_get_stats(const st_experts *ex) {
-    st_experts_stats s = ex->stats;
-    // Written by the device as it goes: a read between its writes is a moment's sum.
-    if (ex->gpu_wait_ns) s.gpu_wait_s = (double)__atomic_load_n(ex->gpu_wait_ns, __ATOMIC_RELAXED) * 1e-9;
-    return s;
-}
+st_experts_stats st_experts_get_stats(const st_experts *ex) { return ex->stats; }
 
 // The element-wise steps between the passes, split over the pool by assignment.
 typedef struct act_job {
@@ -593,7 +588,7 @@ static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, c
                        .pub = hand_flag(ex, l, HAND_PUB), .done = hand_flag(ex, l, HAND_DONE),
                        .h_ids = (int32_t *)(h + ex->hand_ids), .h_w = (float *)(h + ex->hand_w),
                        .h_x = (float *)(h + ex->hand_x), .h_y = (const float *)(h + ex->hand_y), .y = a->y,
-                       .wait_ns = ex->gpu_wait_ns};
+                       .wait_ns = (uint64_t *)hand_flag(ex, l, HAND_WAIT)};
     b->ops->hand_publish(b, &ha);
     if (sh) shared_expert(b, sh, a->x, n, d);
     cached_moe(ex, b, a, NULL);
@@ -611,15 +606,13 @@ static st_status hand_init(st_experts *ex, st_backend *b, int k, int d) {
         size_t ids = 64, w = ids + (sizeof(int32_t) * HAND_ROWS * k + 63) / 64 * 64;
         size_t x = w + (sizeof(float) * HAND_ROWS * k + 63) / 64 * 64, y = x + sizeof(float) * HAND_ROWS * (size_t)d;
         size_t bytes = y + sizeof(float) * HAND_ROWS * (size_t)d;
-        size_t counter = (bytes * pl->n_layer + 63) / 64 * 64;
-        ex->hand = b->ops->host_alloc(b, counter + 64);
+        ex->hand = b->ops->host_alloc(b, bytes * pl->n_layer);
         ex->seq_dev = b->ops->alloc(b, sizeof(uint32_t));
         ex->need_dev = b->ops->alloc(b, sizeof(int32_t) * pl->n_layer);
         if (!ex->hand || !ex->seq_dev || !ex->need_dev)
             return st_fail_prefix(ST_ERR_NOMEM, "expert hand-off buffers");
-        memset(ex->hand, 0, counter + 64);
+        memset(ex->hand, 0, bytes * pl->n_layer);
         ex->hand_bytes = bytes, ex->hand_ids = ids, ex->hand_w = w, ex->hand_x = x, ex->hand_y = y;
-        ex->gpu_wait_ns = (uint64_t *)(ex->hand + counter);
     }
     if (!ex->server_up) {
         pthread_mutex_init(&ex->mu, NULL);
@@ -926,6 +919,13 @@ const uint64_t *st_experts_counts(st_experts *ex) {
 }
 
 void st_experts_window_done(st_experts *ex, st_backend *b) {
+    // The device's waits for the host in the window just finished (its work is done: the
+    // forward synchronized), layer by layer from the hand-off slots.
+    for (int l = 0; ex->hand && l < ex->p.placement->n_layer; l++) {
+        uint64_t *w = (uint64_t *)hand_flag(ex, l, HAND_WAIT);
+        ex->stats.gpu_wait_s += (double)*w * 1e-9;
+        *w = 0;
+    }
     st_adapt *ad = ex->p.adapt;
     if (!ad || !ex->p.cache || b->ops->host_memory) return;
     st_swap sw[64];

@@ -182,9 +182,7 @@ __global__ void hand_collect_kernel(st_hand_args h) {
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             if (t - t0 > (unsigned long long)ST_HOST_WAIT_S * 1000000000ull) break; // the host is gone
         }
-        // One writer at a time: collect kernels run one after another (each waits for the
-        // kernel before it), and only their thread 0 adds.
-        if (h.wait_ns) *(volatile unsigned long long *)h.wait_ns += t - t0;
+        if (h.wait_ns) *(volatile unsigned long long *)h.wait_ns = t - t0; // a posted write: no round trip
         __threadfence_system();
     }
     __syncthreads();
