@@ -103,6 +103,11 @@ typedef struct st_moe_args {
     const float *x;                  // (n, d) normed input
     const int32_t *ids;              // (n, k) chosen experts
     const float *weights;            // (n, k) their weights
+    // Or NULL. The router's logits (n, the router's expert count): the op routes first, as
+    // moe_route does, writing ids and weights (writable backend memory then), so a backend may
+    // fold the routing into its expert kernels (st_experts_compute passes it on only for layers
+    // the backend holds whole; elsewhere it routes first and clears it).
+    const float *logits;
     int n, k;
     float *y;                        // (n, d) output
     bool accumulate;                 // y += the experts' sum (else y =)
@@ -120,6 +125,10 @@ typedef struct st_backend st_backend;
 typedef struct st_hand_args {
     const int32_t *ids;      // (n, k) backend memory: the chosen experts
     const float *weights;    // (n, k)
+    // Or NULL. The router's logits (n, n_expert): publish routes the rows itself, as moe_route
+    // does, for the host (ids and weights may be used as scratch; the moe op, given the same
+    // logits, fills them for the device), so it need not run before the device's experts.
+    const float *logits;
     const float *x;          // (n, d) the rows' input
     const int32_t *slot_map; // (n_expert) backend memory: slot or -1 (missing)
     int n, k, d, n_expert;
@@ -248,10 +257,11 @@ typedef struct st_backend_ops {
     void (*to_host_async)(st_backend *b, void *host, const void *src, size_t bytes);
     void (*wait_copies)(st_backend *b);
     // The hand-off of one hybrid layer between queued (recordable) device work and a host
-    // thread: see st_hand_args. publish copies the layer's routing and input rows into the host
-    // slot, notes whether any chosen expert is missing from the device (slot -1), and raises
-    // the slot's published flag; collect, when one was missing, waits until the host answered
-    // (done flag = *seq; it gives up after ST_HOST_WAIT_S seconds) and adds the host's rows.
+    // thread: see st_hand_args. publish (routing first, given the logits) copies the layer's
+    // routing and input rows into the host slot, notes whether any chosen expert is missing
+    // from the device (slot -1), and raises the slot's published flag; collect, when one was
+    // missing, waits until the host answered (done flag = *seq; it gives up after
+    // ST_HOST_WAIT_S seconds) and adds the host's rows.
     void (*hand_publish)(st_backend *b, const st_hand_args *h);
     void (*hand_collect)(st_backend *b, const st_hand_args *h);
 } st_backend_ops;

@@ -588,10 +588,10 @@ static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, c
                        .pub = hand_flag(ex, l, HAND_PUB), .done = hand_flag(ex, l, HAND_DONE),
                        .h_ids = (int32_t *)(h + ex->hand_ids), .h_w = (float *)(h + ex->hand_w),
                        .h_x = (float *)(h + ex->hand_x), .h_y = (const float *)(h + ex->hand_y), .y = a->y,
-                       .wait_ns = (uint64_t *)hand_flag(ex, l, HAND_WAIT)};
-    b->ops->hand_publish(b, &ha);
+                       .wait_ns = (uint64_t *)hand_flag(ex, l, HAND_WAIT), .logits = a->logits};
+    b->ops->hand_publish(b, &ha); // routes for the host, given the logits
     if (sh) shared_expert(b, sh, a->x, n, d);
-    cached_moe(ex, b, a, NULL);
+    cached_moe(ex, b, a, NULL); // routes for the device
     b->ops->hand_collect(b, &ha);
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
 }
@@ -869,6 +869,18 @@ static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *
 st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a, const st_moe_shared *sh) {
     const st_placement *pl = ex->p.placement;
     int l = a->layer, n = a->n, d = (int)a->gate->cols, E = pl->n_expert;
+    // Route here unless the device's kernels can: the moe op of a layer the device holds whole,
+    // or a decode window's hand-off (each folds the routing into a kernel it runs anyway, one
+    // launch fewer a layer). The CPU and the other hybrid paths need the ids first.
+    bool hand = !b->ops->host_memory && ex->p.cache && layer_hybrid(pl, l);
+    bool window = hand && n <= HAND_ROWS && !ex->win_sync;
+    st_moe_args routed;
+    if (a->logits && (b->ops->host_memory || !ex->p.cache || (hand && !window))) {
+        b->ops->moe_route(b, a->logits, n, E, a->k, (int32_t *)a->ids, (float *)a->weights);
+        routed = *a;
+        routed.logits = NULL;
+        a = &routed;
+    }
     if (b->ops->host_memory) { // the CPU: every expert here
         count_routing(ex, l, a->ids, n * a->k, E);
         st_expert_weights w = {*a->gate, *a->up, *a->down};

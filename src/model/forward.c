@@ -282,11 +282,11 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n) {
 // Routed experts plus the shared expert (when the model has one) of n rows: xn -> y.
 static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     const st_hparams *hp = &s->m->hp;
-    int E = hp->n_expert, K = hp->n_expert_used;
+    int K = hp->n_expert_used;
     OP(matmul, &l->router, s->xn, n, s->logits_r);
-    OP(moe_route, s->logits_r, n, E, K, s->ids, s->weights);
-    st_moe_args ma = {.layer = il, .gate = &l->gate_exps, .up = &l->up_exps, .down = &l->down_exps,
-                      .x = s->xn, .ids = s->ids, .weights = s->weights, .n = n, .k = K, .y = s->y};
+    // The experts module routes (softmax, top K, renormalized) into ids and weights.
+    st_moe_args ma = {.layer = il, .gate = &l->gate_exps, .up = &l->up_exps, .down = &l->down_exps, .x = s->xn,
+                      .ids = s->ids, .weights = s->weights, .logits = s->logits_r, .n = n, .k = K, .y = s->y};
     st_moe_shared sh = {.gate = &l->sh_gate, .up = &l->sh_up, .down = &l->sh_down, .gate_inp = l->sh_gate_inp,
                         .g = s->sh_g, .u = s->sh_u, .o = s->att, .s = s->sh_s};
     return st_experts_compute(s->ex, s->b, &ma, hp->n_ff_shexp > 0 ? &sh : NULL);

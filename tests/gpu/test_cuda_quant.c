@@ -531,6 +531,175 @@ static void test_moe(void **state) {
     unsetenv("STRATA_CUQ_OLD");
 }
 
+// The moe op given the router's logits (it routes itself; one row folds the routing into the
+// gate/up kernel) against the router op then the moe op given the ids: the same ids, weights
+// and outputs bit for bit, with a slot map and counts as the whole-card layers use them, on
+// logits with ties (the lower id first) and expert counts that leave a group of 32 partial.
+static void moe_fold_run(int E, int k, int n, st_type t) {
+    int d = 256, F = 256;
+    uint8_t *g = make_weights(t, (int64_t)E * F, d, false), *u = make_weights(t, (int64_t)E * F, d, false),
+            *dn = make_weights(t, (int64_t)E * d, F, false);
+    st_mat3 gg = stack(t, F, d, E, NULL), ug = stack(t, F, d, E, NULL), dg = stack(t, d, F, E, NULL);
+    gg.data = dev_put(g, gg.mat_bytes * E);
+    ug.data = dev_put(u, ug.mat_bytes * E);
+    dg.data = dev_put(dn, dg.mat_bytes * E);
+    float *x = rand_normal((size_t)n * d, 1.0f), *lg = rand_normal((size_t)n * E, 2.0f);
+    for (int i = 0; i < n * E; i++) lg[i] = roundf(lg[i] * 4.0f) / 4.0f; // ties
+    int32_t *map = xmalloc(sizeof(int32_t) * E);
+    for (int e = 0; e < E; e++) map[e] = E - 1 - e;
+    float *xd = dev_put(x, sizeof(float) * n * d), *ld = dev_put(lg, sizeof(float) * n * E);
+    int32_t *mapd = dev_put(map, sizeof(int32_t) * E);
+    int32_t *ids[2];
+    float *w[2], *y[2];
+    uint32_t *cnt[2];
+    for (int v = 0; v < 2; v++) {
+        ids[v] = dev_put(NULL, sizeof(int32_t) * n * k);
+        w[v] = dev_put(NULL, sizeof(float) * n * k);
+        y[v] = dev_put(NULL, sizeof(float) * n * d);
+        cnt[v] = dev_put(NULL, sizeof(uint32_t) * E);
+        gpu->ops->zero(gpu, cnt[v], sizeof(uint32_t) * E);
+        st_moe_args a = {.layer = 0, .gate = &gg, .up = &ug, .down = &dg, .x = xd, .ids = ids[v], .weights = w[v],
+                         .n = n, .k = k, .y = y[v], .slot_map = mapd, .n_expert = E, .counts = cnt[v]};
+        if (v == 0) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
+        else a.logits = ld;
+        gpu->ops->moe(gpu, &a);
+    }
+    int32_t *hi[2];
+    float *hw[2], *hy[2];
+    uint32_t *hc[2];
+    for (int v = 0; v < 2; v++) {
+        hi[v] = xmalloc(sizeof(int32_t) * n * k), hw[v] = xmalloc(sizeof(float) * n * k);
+        hy[v] = xmalloc(sizeof(float) * n * d), hc[v] = xmalloc(sizeof(uint32_t) * E);
+        dev_get(hi[v], ids[v], sizeof(int32_t) * n * k);
+        dev_get(hw[v], w[v], sizeof(float) * n * k);
+        dev_get(hy[v], y[v], sizeof(float) * n * d);
+        dev_get(hc[v], cnt[v], sizeof(uint32_t) * E);
+    }
+    if (memcmp(hi[0], hi[1], sizeof(int32_t) * n * k) || memcmp(hw[0], hw[1], sizeof(float) * n * k))
+        fail_msg("moe with logits E=%d k=%d n=%d: ids/weights differ from moe_route's (first: id %d vs %d, w %.9g vs %.9g)",
+                 E, k, n, hi[0][0], hi[1][0], hw[0][0], hw[1][0]);
+    if (memcmp(hy[0], hy[1], sizeof(float) * n * d)) fail_msg("moe with logits E=%d k=%d n=%d: outputs differ", E, k, n);
+    if (memcmp(hc[0], hc[1], sizeof(uint32_t) * E)) fail_msg("moe with logits E=%d k=%d n=%d: counts differ", E, k, n);
+    printf("moe with logits E=%3d k=%2d n=%d %s: ids, weights, outputs and counts as moe_route + moe\n", E, k, n,
+           st_type_name(t));
+    for (int v = 0; v < 2; v++) {
+        dev_free(ids[v]), dev_free(w[v]), dev_free(y[v]), dev_free(cnt[v]);
+        free(hi[v]), free(hw[v]), free(hy[v]), free(hc[v]);
+    }
+    dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
+    dev_free(xd), dev_free(ld), dev_free(mapd);
+    free(g), free(u), free(dn), free(x), free(lg), free(map);
+}
+
+static void test_moe_fold(void **state) {
+    (void)state;
+    moe_fold_run(128, 8, 1, ST_TYPE_Q4_K);   // Qwen3-30B-A3B's router
+    moe_fold_run(512, 10, 1, ST_TYPE_Q4_K);  // Qwen3-Next-80B-A3B's
+    moe_fold_run(100, 4, 1, ST_TYPE_Q8_0);   // a partial group
+    moe_fold_run(16, 16, 1, ST_TYPE_Q8_0);   // every expert
+    moe_fold_run(600, 8, 1, ST_TYPE_Q8_0);   // too many to fold: the router kernel first
+    moe_fold_run(128, 8, 3, ST_TYPE_Q4_K);   // a window: the router kernel first
+}
+
+// A hybrid layer's hand-off with the routing folded in: publish and the moe op each given the
+// logits (each routes; publish runs beside the moe op), then collect, against the router op,
+// publish given the ids and the moe op, then the host's rows added here: the same ids, weights,
+// published slot, and outputs bit for bit. The host has answered already (its done flag is
+// set), so collect's wait returns at once.
+static void hand_fold_run(int E, int k) {
+    int n = 1, d = 256, F = 256;
+    st_type t = ST_TYPE_Q4_K;
+    int half = E / 2; // even experts cached, odd ones missing
+    uint8_t *g = make_weights(t, (int64_t)half * F, d, false), *u = make_weights(t, (int64_t)half * F, d, false),
+            *dn = make_weights(t, (int64_t)half * d, F, false);
+    st_mat3 gg = stack(t, F, d, half, NULL), ug = stack(t, F, d, half, NULL), dg = stack(t, d, F, half, NULL);
+    gg.data = dev_put(g, gg.mat_bytes * half);
+    ug.data = dev_put(u, ug.mat_bytes * half);
+    dg.data = dev_put(dn, dg.mat_bytes * half);
+    float *x = rand_normal((size_t)n * d, 1.0f), *lg = rand_normal((size_t)n * E, 2.0f), *hy = rand_normal((size_t)n * d, 1.0f);
+    for (int i = 0; i < n * E; i++) lg[i] = roundf(lg[i] * 4.0f) / 4.0f;
+    lg[1] = 100.0f; // an odd (missing) expert is surely chosen
+    int32_t *map = xmalloc(sizeof(int32_t) * E);
+    for (int e = 0; e < E; e++) map[e] = e % 2 ? -1 : e / 2;
+    uint32_t seq = 7;
+    float *xd = dev_put(x, sizeof(float) * n * d), *ld = dev_put(lg, sizeof(float) * n * E);
+    int32_t *mapd = dev_put(map, sizeof(int32_t) * E);
+    uint32_t *seqd = dev_put(&seq, sizeof seq);
+    float *yv[2];
+    int32_t *idv[2], *needv[2];
+    float *wv[2];
+    uint8_t *slot[2];
+    size_t o_ids = 64, o_w = 128, o_x = 256, o_y = 256 + sizeof(float) * d, slot_b = o_y + sizeof(float) * d;
+    for (int v = 0; v < 2; v++) {
+        idv[v] = dev_put(NULL, sizeof(int32_t) * n * k);
+        wv[v] = dev_put(NULL, sizeof(float) * n * k);
+        yv[v] = dev_put(NULL, sizeof(float) * n * d);
+        needv[v] = dev_put(NULL, sizeof(int32_t));
+        slot[v] = gpu->ops->host_alloc(gpu, slot_b);
+        if (!slot[v]) fail_msg("host_alloc: %s", st_error());
+        memset(slot[v], 0, slot_b);
+        ((uint32_t *)slot[v])[4] = seq; // done: the host has answered
+        memcpy(slot[v] + o_y, hy, sizeof(float) * d);
+        st_hand_args ha = {.ids = idv[v], .weights = wv[v], .x = xd, .slot_map = mapd, .n = n, .k = k, .d = d,
+                           .n_expert = E, .seq = seqd, .need = needv[v], .pub = (uint32_t *)slot[v],
+                           .done = (uint32_t *)slot[v] + 4, .h_ids = (int32_t *)(slot[v] + o_ids),
+                           .h_w = (float *)(slot[v] + o_w), .h_x = (float *)(slot[v] + o_x),
+                           .h_y = (const float *)(slot[v] + o_y), .y = yv[v], .wait_ns = (uint64_t *)slot[v] + 1};
+        st_moe_args a = {.layer = 0, .gate = &gg, .up = &ug, .down = &dg, .x = xd, .ids = idv[v], .weights = wv[v],
+                         .n = n, .k = k, .y = yv[v], .slot_map = mapd, .n_expert = E};
+        if (v == 0) {
+            gpu->ops->moe_route(gpu, ld, n, E, k, idv[v], wv[v]);
+            gpu->ops->hand_publish(gpu, &ha);
+            gpu->ops->moe(gpu, &a);
+        } else {
+            ha.logits = ld; // publish (beside the moe op) and the moe op each route
+            a.logits = ld;
+            gpu->ops->hand_publish(gpu, &ha);
+            gpu->ops->moe(gpu, &a);
+            gpu->ops->hand_collect(gpu, &ha);
+        }
+    }
+    gpu_sync("hand fold");
+    float *hy0 = xmalloc(sizeof(float) * n * d), *hy1 = xmalloc(sizeof(float) * n * d);
+    dev_get(hy0, yv[0], sizeof(float) * n * d);
+    dev_get(hy1, yv[1], sizeof(float) * n * d);
+    int32_t need[2];
+    dev_get(&need[0], needv[0], sizeof(int32_t));
+    dev_get(&need[1], needv[1], sizeof(int32_t));
+    int32_t hid[2][16];
+    float hwt[2][16];
+    for (int v = 0; v < 2; v++) {
+        dev_get(hid[v], idv[v], sizeof(int32_t) * k);
+        dev_get(hwt[v], wv[v], sizeof(float) * k);
+    }
+    if (memcmp(hid[0], hid[1], sizeof(int32_t) * k) || memcmp(hwt[0], hwt[1], sizeof(float) * k))
+        fail_msg("hand fold E=%d k=%d: the device's ids or weights differ", E, k);
+    if (need[0] != 1 || need[1] != 1) fail_msg("hand fold: need %d / %d, want 1 (an odd expert is chosen)", need[0], need[1]);
+    if (memcmp(slot[0], slot[1], 8) || memcmp(slot[0] + o_ids, slot[1] + o_ids, o_y - o_ids))
+        fail_msg("hand fold E=%d k=%d: the published slots differ", E, k);
+    if (((uint32_t *)slot[1])[0] != seq) fail_msg("hand fold: not published");
+    for (int c = 0; c < d; c++) {
+        float want = hy0[c] + hy[c];
+        if (memcmp(&want, &hy1[c], sizeof want))
+            fail_msg("hand fold E=%d k=%d: col %d: %.9g, want %.9g (gpu %.9g + host %.9g)", E, k, c, hy1[c], want, hy0[c], hy[c]);
+    }
+    printf("hand-off E=%3d k=%2d, routing folded into publish: as router + publish\n", E, k);
+    for (int v = 0; v < 2; v++) {
+        dev_free(idv[v]), dev_free(wv[v]), dev_free(yv[v]), dev_free(needv[v]);
+        gpu->ops->host_free(gpu, slot[v]);
+    }
+    dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
+    dev_free(xd), dev_free(ld), dev_free(mapd), dev_free(seqd);
+    free(g), free(u), free(dn), free(x), free(lg), free(hy), free(map), free(hy0), free(hy1);
+}
+
+static void test_hand_fold(void **state) {
+    (void)state;
+    hand_fold_run(128, 8);
+    hand_fold_run(512, 10);
+    hand_fold_run(600, 8); // the router's own kernel
+}
+
 // ---------------------------------------------------------------------------------------------
 // --bench
 
@@ -787,6 +956,8 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_matmul_many),
             cmocka_unit_test(test_matmul_mma),
             cmocka_unit_test(test_moe),
+            cmocka_unit_test(test_moe_fold),
+            cmocka_unit_test(test_hand_fold),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
     }

@@ -144,15 +144,33 @@ static void cuda_wait_copies(st_backend *b) {
 // The hybrid hand-off. The slot is mapped host memory (with unified addressing its host
 // address works here): publish writes into it directly, every thread's writes fenced to the
 // system before thread 0 raises the flag, so a host that sees the flag sees the data.
+// With the logits, it routes the rows itself, straight into the slot (the device's ids and
+// weights are left to the moe op, which routes for itself), so nothing on the device waits for
+// it but collect: cuda_hand_publish runs it beside the layer's expert kernels.
 __global__ void hand_publish_kernel(st_hand_args h) {
     st_pdl_begin();
     int t = threadIdx.x, na = h.n * h.k;
     bool miss = false;
-    for (int a = t; a < na; a += blockDim.x) {
-        int e = h.ids[a];
-        h.h_ids[a] = e;
-        h.h_w[a] = h.weights[a];
-        miss = miss || (e >= 0 && e < h.n_expert && h.slot_map[e] < 0);
+    if (h.logits) {
+        __shared__ st_route_smem rs;
+        for (int i = 0; i < h.n; i++) {
+            route_load(h.logits + (size_t)i * h.n_expert, h.n_expert, rs);
+            __syncthreads();
+            route_rank(h.n_expert, h.k, rs);
+            route_weights(h.n_expert, h.k, rs, h.h_ids + (size_t)i * h.k, h.h_w + (size_t)i * h.k, NULL);
+            if (t < h.k) {
+                int e = rs.top[t];
+                miss = miss || h.slot_map[e] < 0;
+            }
+            __syncthreads(); // the next row overwrites rs
+        }
+    } else {
+        for (int a = t; a < na; a += blockDim.x) {
+            int e = h.ids[a];
+            h.h_ids[a] = e;
+            h.h_w[a] = h.weights[a];
+            miss = miss || (e >= 0 && e < h.n_expert && h.slot_map[e] < 0);
+        }
     }
     int need = __syncthreads_or(miss);
     if (need)
@@ -190,14 +208,34 @@ __global__ void hand_collect_kernel(st_hand_args h) {
     for (int i = threadIdx.x; i < h.n * h.d; i += blockDim.x) h.y[i] += src[i];
 }
 
+// Given the logits of a window of a few rows (routed one after another in the kernel), publish
+// runs on the side stream, forked from the queued work and joined by collect. Otherwise the
+// router's kernel writes the ids first and publish copies them, in line.
 static void cuda_hand_publish(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
-    st_launch(c, hand_publish_kernel, 1, 256, 0, *h);
+    const char *inl = getenv("STRATA_HAND_INLINE"); // A/B runs
+    if (h->logits && route_folds(h->n_expert, h->k) && h->n <= 4 && !(inl && inl[0] == '1')) {
+        ST_CU(c, cudaEventRecord(c->fork, c->stream));
+        ST_CU(c, cudaStreamWaitEvent(c->side, c->fork, 0));
+        st_launch_on(c, c->side, false, hand_publish_kernel, 1, 256, 0, *h);
+        ST_CU_LAUNCHED(c, "hand_publish_kernel");
+        ST_CU(c, cudaEventRecord(c->join, c->side));
+        c->joining = true;
+        return;
+    }
+    st_hand_args r = *h;
+    if (h->logits) {
+        st_cuda_moe_route(b, h->logits, h->n, h->n_expert, h->k, (int32_t *)h->ids, (float *)h->weights);
+        r.logits = NULL;
+    }
+    st_launch(c, hand_publish_kernel, 1, 256, 0, r);
     ST_CU_LAUNCHED(c, "hand_publish_kernel");
 }
 
 static void cuda_hand_collect(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
+    if (c->joining) ST_CU(c, cudaStreamWaitEvent(c->stream, c->join, 0)); // publish on the side stream
+    c->joining = false;
     st_launch(c, hand_collect_kernel, 1, 1024, 0, *h);
     ST_CU_LAUNCHED(c, "hand_collect_kernel");
 }
@@ -315,6 +353,9 @@ static void cuda_destroy(st_backend *b) {
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->copies) cudaEventDestroy(c->copies);
+    if (c->fork) cudaEventDestroy(c->fork);
+    if (c->join) cudaEventDestroy(c->join);
+    if (c->side) cudaStreamDestroy(c->side);
     if (c->stream) cudaStreamDestroy(c->stream);
     st_pool_free(b->pool);
     st_free(b->scratch);
@@ -487,6 +528,9 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     c->pdl = e == cudaSuccess && c->prop.major >= 9 && !env_is("STRATA_CUDA_PDL", "0");
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copies, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming);
     if (e != cudaSuccess) s = st_fail(ST_ERR_IO, "GPU %d: cannot start: %s", device, cudaGetErrorString(e));
     if (!s && cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS)
         s = st_fail(ST_ERR_IO, "GPU %d: cannot start cuBLAS", device);

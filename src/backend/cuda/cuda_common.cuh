@@ -37,6 +37,11 @@ typedef struct st_cuda {
     bool capturing;              // recording a graph: no allocation, no synchronization
     bool pdl;                    // programmatic dependent launch (Hopper and newer; st_launch)
     cudaEvent_t copies;          // recorded after each to_host_async copy
+    // A hybrid layer's publish runs on side, beside the layer's expert kernels (fork, then
+    // join before collect): its fences to host memory stay off the decode step's chain.
+    cudaStream_t side;
+    cudaEvent_t fork, join;
+    bool joining;                // a publish on side that collect has not joined yet
     unsigned scratch_gen;        // bumped when a scratch buffer moves: older recordings are stale
     void *scratch[ST_SCR_COUNT];
     size_t scratch_bytes[ST_SCR_COUNT];
@@ -67,6 +72,106 @@ __device__ __forceinline__ void st_pdl_begin() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+// The router's selection order, shared by the router kernels (ops.cu) and the experts' kernels
+// that route for themselves (quant_matmul.cu): (v, i) comes before (ov, oi) when its logit is
+// larger, or equal with a lower id (the CPU's order).
+__device__ __forceinline__ bool route_before(float v, int i, float ov, int oi) {
+    return v > ov || (v == ov && i < oi);
+}
+
+// One compare-exchange of a bitonic network over a warp's (logit, id) pairs: this lane and
+// lane ^ j; `first` is whether this lane keeps the pair's first element (in the order above).
+__device__ __forceinline__ void route_exchange(float &v, int &i, int j, bool first) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, j);
+    int oi = __shfl_xor_sync(0xffffffffu, i, j);
+    bool other_first = route_before(ov, oi, v, i);
+    if (other_first == first) v = ov, i = oi;
+}
+
+// Sorts a warp's 32 (logit, id) pairs in the router's order (lane 0 first): runs of `size`
+// alternate direction until the last.
+__device__ __forceinline__ void route_sort_warp(float &v, int &i) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            bool desc = (lane & size) == 0 || size == 32, lower = (lane & j) == 0;
+            route_exchange(v, i, j, lower == desc);
+        }
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Routing one row inside another kernel's block (the experts' gate/up kernel, the hybrid
+// hand-off), so the router needs no launch of its own (a kernel boundary costs ~3 us a layer).
+// route_load, a barrier, route_rank: s.top[r] (and s.tv[r], its logit) is the expert of rank r
+// < k. Each warp sorts groups of 32 experts; the row's top k is among the groups' top k, and
+// each of those candidates counts the candidates before it. route_weights then writes the k
+// ids and weights with moe_route_block_kernel's arithmetic (ops.cu), so they match it bit for
+// bit: the softmax sum in double over groups of 32 in order, the k weights renormalized.
+#define ST_ROUTE_FOLD_MAX_E 512
+#define ST_ROUTE_FOLD_MAX_K 16
+struct st_route_smem {
+    float l[ST_ROUTE_FOLD_MAX_E], cv[ST_ROUTE_FOLD_MAX_E / 32 * ST_ROUTE_FOLD_MAX_K], tv[ST_ROUTE_FOLD_MAX_K];
+    int ci[ST_ROUTE_FOLD_MAX_E / 32 * ST_ROUTE_FOLD_MAX_K], top[ST_ROUTE_FOLD_MAX_K];
+    double sum[ST_ROUTE_FOLD_MAX_E / 32];
+};
+
+__host__ __device__ __forceinline__ bool route_folds(int E, int k) {
+    return E >= k && E <= ST_ROUTE_FOLD_MAX_E && k >= 1 && k <= ST_ROUTE_FOLD_MAX_K;
+}
+
+__device__ __forceinline__ void route_load(const float *logits, int E, st_route_smem &s) {
+    // Padding (ids >= E) holds -inf and sorts after every expert.
+    for (int i = threadIdx.x; i < (E + 31) / 32 * 32; i += blockDim.x) s.l[i] = i < E ? logits[i] : -INFINITY;
+}
+
+__device__ __forceinline__ void route_rank(int E, int k, st_route_smem &s) {
+    int lane = threadIdx.x & 31, ng = (E + 31) / 32, nc = ng * k;
+    for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
+        float v = s.l[32 * g + lane];
+        int i = 32 * g + lane;
+        route_sort_warp(v, i);
+        if (lane < k) s.cv[g * k + lane] = v, s.ci[g * k + lane] = i;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < nc; c += blockDim.x) {
+        float v = s.cv[c];
+        int i = s.ci[c], r = 0;
+        for (int o = 0; o < nc; o++) r += route_before(s.cv[o], s.ci[o], v, i);
+        if (r < k) s.top[r] = i, s.tv[r] = v;
+    }
+    __syncthreads();
+}
+
+// Every thread of the block calls it (a barrier inside); counts (or NULL) += 1 per choice.
+__device__ __forceinline__ void route_weights(int E, int k, st_route_smem &s, int32_t *ids, float *w,
+                                              uint32_t *counts) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = (E + 31) / 32;
+    float mx = s.tv[0];
+    for (int g = warp; g < ng; g += blockDim.x >> 5) {
+        int i = 32 * g + lane;
+        double ex = warp_sum_d(i < E ? exp((double)s.l[i] - mx) : 0.0);
+        if (lane == 0) s.sum[g] = ex;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    double sum = 0;
+    for (int g = 0; g < ng; g++) sum += s.sum[g];
+    float wr = lane < k ? (float)(exp((double)s.tv[lane] - mx) / sum) : 0.0f;
+    double ws = warp_sum_d((double)wr);
+    if (ws < 6.1e-5) ws = 6.1e-5; // llama.cpp's clamp, as on the CPU
+    if (lane < k) {
+        ids[lane] = s.top[lane];
+        w[lane] = (float)(wr / ws);
+        if (counts) atomicAdd(&counts[s.top[lane]], 1u);
+    }
 }
 
 // Asks L2 for bytes [0, n) at p, the block's threads taking 128-byte lines in turn. Weight
@@ -116,8 +221,11 @@ template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(
 // launch is kept as the backend's error. Arguments convert implicitly to the kernel's parameter
 // types, as in a call (a null pointer is nullptr here: NULL would arrive as an integer).
 template <typename T> static inline T st_arg(T v) { return v; }
+// st_launch_on: on stream s, with programmatic dependent launch when pdl (the side stream's
+// kernels follow an event, not a kernel, and take none).
 template <typename... P, typename... A>
-static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+static inline void st_launch_on(st_cuda *c, cudaStream_t s, bool pdl, void (*k)(P...), dim3 grid, dim3 block,
+                                size_t smem, A... args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -125,10 +233,14 @@ static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block,
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
+    cfg.stream = s;
     cfg.attrs = attr;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = pdl ? 1 : 0;
     ST_CU(c, cudaLaunchKernelEx(&cfg, k, st_arg<P>(args)...));
+}
+template <typename... P, typename... A>
+static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+    st_launch_on(c, c->stream, c->pdl, k, grid, block, smem, args...);
 }
 
 // A scratch buffer of at least `bytes` (contents undefined). Grows outside graph recording

@@ -19,11 +19,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ double warp_sum_d(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -622,20 +617,6 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) moe_route_kernel(const float
 // union's top 16, so the root holds the row's top k in order.
 #define ROUTE_BLOCK_MAX_K 16
 
-// (v, i) comes before (ov, oi): larger logit, then lower id.
-__device__ __forceinline__ bool route_before(float v, int i, float ov, int oi) {
-    return v > ov || (v == ov && i < oi);
-}
-
-// One compare-exchange of a bitonic network: this lane and lane ^ j; `first` is whether this
-// lane keeps the pair's first element (in the order above).
-__device__ __forceinline__ void route_exchange(float &v, int &i, int j, bool first) {
-    float ov = __shfl_xor_sync(0xffffffffu, v, j);
-    int oi = __shfl_xor_sync(0xffffffffu, i, j);
-    bool other_first = route_before(ov, oi, v, i);
-    if (other_first == first) v = ov, i = oi;
-}
-
 __global__ void __launch_bounds__(1024) moe_route_block_kernel(const float *logits, int E, int k, int32_t *ids,
                                                                float *weights) {
     st_pdl_begin();
@@ -650,14 +631,7 @@ __global__ void __launch_bounds__(1024) moe_route_block_kernel(const float *logi
     int i = tid;
     float mx = warp_max(v);
     if (lane == 0) smax[w] = mx;
-    // Bitonic sort of the warp, descending: runs of `size` alternate direction until the last.
-#pragma unroll
-    for (int size = 2; size <= 32; size <<= 1)
-#pragma unroll
-        for (int j = size >> 1; j > 0; j >>= 1) {
-            bool desc = (lane & size) == 0 || size == 32, lower = (lane & j) == 0;
-            route_exchange(v, i, j, lower == desc);
-        }
+    route_sort_warp(v, i);
     __syncthreads();
     mx = -INFINITY;
     for (int u = 0; u < nw; u++) mx = fmaxf(mx, smax[u]);

@@ -1324,6 +1324,11 @@ struct st_moe2_args {
     float *y;
     const float *wts; // (na)
     bool add;
+    // Gate/up of one row only, or NULL: the router's logits (n_route); every block routes for
+    // itself (moe2_route_one) and block (0, 0) writes the ids and weights to route_ids, route_w.
+    const float *logits;
+    int32_t *route_ids;
+    float *route_w;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1394,6 +1399,24 @@ __device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2
     __syncthreads();
     *e = s_sel;
     return s_sel >= 0;
+}
+
+// One row with the routing folded in (p.logits): every block ranks the row's logits itself
+// (route_rank) and takes the expert of rank blockIdx.y; block (0, 0) also writes the row's ids
+// and weights and counts them. The row's x is quantized meanwhile, as moe2_one does.
+__device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem) {
+    __shared__ st_route_smem rs;
+    route_load(p.logits, p.n_route, rs);
+    quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+    __syncthreads();
+    route_rank(p.n_route, p.k, rs);
+    if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
+    int u = blockIdx.y;
+    if (threadIdx.x == 0) s_asg[0] = u;
+    *e = moe2_matrix(p, rs.top[u]);
+    __syncthreads(); // s_asg
+    return *e >= 0;
 }
 
 // GATE: out = silu(gate · x) · (up · x), P gate/up row pairs per warp; else out = W · x, 2P
@@ -1477,14 +1500,17 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
 template <int T, int NX, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
     st_pdl_begin();
+    const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     extern __shared__ __align__(16) uint8_t moe2_smem[];
-    if (GATE && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
+    if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
         for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
             int v = p.ids[a];
             if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
         }
-    int e, m = NX == 1 ? moe2_one(p, s_asg, &e, moe2_smem) : moe2_members(p, s_asg, &e);
+    int e, m = NX != 1 ? moe2_members(p, s_asg, &e)
+             : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem)
+                       : moe2_one(p, s_asg, &e, moe2_smem);
     if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1);
     if (GATE || !p.y) return;
 
@@ -1549,18 +1575,34 @@ __global__ void moe_map_kernel(const int32_t *ids, int na, int n_expert, const i
     out[a] = !ok ? -1 : slot_map ? slot_map[e] : e;
 }
 
-// The one-launch-per-matrix experts: quantized gate == up types and a quantized down, x
-// 16-byte aligned. False when it does not apply (the caller runs moe_small).
+// Whether moe_small2 applies: a window, quantized gate == up types and a quantized down, x
+// 16-byte aligned, the rows in shared memory.
+static bool moe2_fits(const st_moe_args *a) {
+    const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
+    int64_t d = gate->cols, F = gate->rows;
+    return a->n <= ST_CUDA_GRAPH_ROWS && gate->n > 0 && !env_on("STRATA_CUQ_OLD") && gate->type == up->type &&
+           !is_float_type(gate->type) && !is_float_type(down->type) && !((uintptr_t)a->x & 15) &&
+           a->n * a->k <= ST_CUQ_PLAN_MAX && d % 32 == 0 && F % 32 == 0 && ST_MOE2_SMEM_MAX / (d + d / 4) >= 1 &&
+           ST_MOE2_SMEM_MAX / (F + F / 4) >= 1;
+}
+
+// The router's expert count of a moe op (slot_map's length, else the stack's matrices).
+static int moe_route_count(const st_moe_args *a) { return a->slot_map ? a->n_expert : (int)a->gate->n; }
+
+// Whether moe_small2's gate/up kernel routes a->logits itself (one row, a router it can rank).
+static bool moe2_routes(const st_moe_args *a) {
+    return a->logits && a->n == 1 && moe2_fits(a) && route_folds(moe_route_count(a), a->k) &&
+           !env_on("STRATA_MOE_NOFOLD");
+}
+
+// The one-launch-per-matrix experts. False when they do not apply (the caller runs moe_small).
 static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
     int n = a->n, k = a->k, na = n * k, E = (int)gate->n;
     int64_t d = gate->cols, F = gate->rows;
-    if (env_on("STRATA_CUQ_OLD") || gate->type != up->type || is_float_type(gate->type) ||
-        is_float_type(down->type) || ((uintptr_t)a->x & 15) || na > ST_CUQ_PLAN_MAX || d % 32 || F % 32)
-        return false;
+    if (!moe2_fits(a)) return false;
     int nxt = n == 1 ? 1 : n <= 4 ? 4 : 16;
     int cap_g = (int)(ST_MOE2_SMEM_MAX / (d + d / 4)), cap_d = (int)(ST_MOE2_SMEM_MAX / (F + F / 4));
-    if (cap_g < 1 || cap_d < 1) return false;
     // MOE: h (na, F) | o (na, d)
     size_t h_b = align256(sizeof(float) * (size_t)na * F);
     char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, h_b + sizeof(float) * (size_t)na * d);
@@ -1570,8 +1612,13 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     st_moe2_args p = {};
     p.ids = a->ids;
     p.slot_map = a->slot_map;
-    p.n_route = a->slot_map ? a->n_expert : E;
+    p.n_route = moe_route_count(a);
     p.counts = a->counts;
+    if (a->logits) { // moe2_routes(a)
+        p.logits = a->logits;
+        p.route_ids = (int32_t *)a->ids;
+        p.route_w = (float *)a->weights;
+    }
     p.na = na;
     p.k = k;
     p.n_expert = E;
@@ -1596,6 +1643,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
 
     st_moe2_args q = p;
     q.counts = NULL;
+    q.logits = NULL;
     q.wg = (const uint8_t *)down->data;
     q.wu = NULL;
     q.g_row_bytes = down->row_bytes;
@@ -2003,9 +2051,16 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
             CUQ_FAIL(c, "moe: layer %d: sizes not multiples of 32", a->layer);
             return;
         }
-        // Windows: two launches that map and count the ids themselves.
-        if (a->n <= ST_CUDA_GRAPH_ROWS && moe_small2(c, a)) return;
     }
+    st_moe_args routed;
+    if (a->logits && !moe2_routes(a)) { // the router's own kernel first
+        st_cuda_moe_route(b, a->logits, a->n, moe_route_count(a), a->k, (int32_t *)a->ids, (float *)a->weights);
+        routed = *a;
+        routed.logits = NULL;
+        a = &routed;
+    }
+    // Windows: two launches that map and count the ids themselves.
+    if (g->n > 0 && moe_small2(c, a)) return;
     st_moe_args mapped;
     if (a->slot_map || a->counts) {
         int na = a->n * a->k, E = a->slot_map ? a->n_expert : (int)a->gate->n;
@@ -2033,3 +2088,4 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
         moe_big(c, a);
     }
 }
+
