@@ -105,8 +105,8 @@ typedef struct st_moe_args {
     const float *weights;            // (n, k) their weights
     // Or NULL. The router's logits (n, the router's expert count): the op routes first, as
     // moe_route does, writing ids and weights (writable backend memory then), so a backend may
-    // fold the routing into its expert kernels (st_experts_compute passes it on only for layers
-    // the backend holds whole; elsewhere it routes first and clears it).
+    // fold the routing into its expert kernels (st_experts_compute passes it on for layers the
+    // device holds whole and for decode windows' hybrid layers; elsewhere it routes first).
     const float *logits;
     int n, k;
     float *y;                        // (n, d) output
