@@ -10,7 +10,7 @@
 #include "strata.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: strata bench -m FILE [-t N] [--prompt 512,2048] [--decode 128] [--kv f16|q8_0]\n\n"
+    fprintf(f, "usage: strata bench -m FILE [-t N] [--prompt 512,2048] [--decode 128] [--kv f16|q8_0] [--ctx N]\n\n"
                "Prompt tokens/s for each prompt length (one chunk of up to --batch rows at a time) and\n"
                "decode tokens/s (greedy, one token per step after a short warm-up), next to the decode\n"
                "bound: the machine's memory-read bandwidth / the weight bytes one decoded token reads.\n\n"
@@ -20,12 +20,15 @@ static void usage(FILE *f) {
                "  --prompt LIST      prompt lengths (default 512,2048; 0 to skip)\n"
                "  --decode N         decoded tokens (default 128; 0 to skip)\n"
                "  --batch N          prompt chunk (default 512)\n"
-               "  --kv f16|q8_0      KV cache type (default f16)\n");
+               "  --kv f16|q8_0      KV cache type (default f16)\n"
+               "  --ctx N            context the GPU's memory is planned for (default: the longest test\n"
+               "                     + 16, the context each test opens, as llama-bench sizes its own;\n"
+               "                     what is not planned for the KV cache goes to the expert cache)\n");
 }
 
 int st_bench_model(int argc, char **argv) {
     const char *model = NULL, *prompts = "512,2048", *kv = "f16", *v;
-    int64_t threads = 0, decode = 128, batch = 512;
+    int64_t threads = 0, decode = 128, batch = 512, ctx = 0;
     bool bad = false;
     strata_model_params mp = {0};
     for (int i = 1; i < argc && !bad; i++) {
@@ -42,6 +45,8 @@ int st_bench_model(int argc, char **argv) {
             bad = bad || !st_cli_int("--decode", v, 0, 1 << 20, &decode);
         } else if (st_cli_opt(argc, argv, &i, "--batch", &v, &bad)) {
             bad = bad || !st_cli_int("--batch", v, 1, 65536, &batch);
+        } else if (st_cli_opt(argc, argv, &i, "--ctx", &v, &bad)) {
+            bad = bad || !st_cli_int("--ctx", v, 1, 1 << 24, &ctx);
         } else {
             fprintf(stderr, "strata bench: unknown option '%s' (see strata bench --help)\n", argv[i]);
             return 2;
@@ -68,8 +73,17 @@ int st_bench_model(int argc, char **argv) {
         return 2;
     }
 
+    // Each test opens a session of its length + 16 (the warm-up one of 80).
+    int64_t longest = 80;
+    for (int i = 0; i < n_lens; i++) longest = lens[i] + 16 > longest ? lens[i] + 16 : longest;
+    if (decode + 16 > longest) longest = decode + 16;
+    if (ctx && ctx < longest) {
+        fprintf(stderr, "strata bench: --ctx %lld: the tests need %lld positions\n", (long long)ctx, (long long)longest);
+        return 2;
+    }
     strata_model *m = NULL;
     mp.path = model;
+    mp.n_ctx = (int)(ctx ? ctx : longest);
     mp.n_threads = (int)threads;
     mp.n_batch = (int)batch;
     if (strata_model_open(&mp, &m)) return st_cli_fail(ST_ERR_IO);
@@ -82,8 +96,8 @@ int st_bench_model(int argc, char **argv) {
     printf("model: %s (%s, %d layers, %d experts top-%d, %.2f GiB)\n", model, info.arch, info.n_layer,
            info.n_expert, info.n_expert_used, info.file_bytes / 1073741824.0);
     if (info.gpu >= 0)
-        printf("commit: %s; backend: cuda, GPU %d; kv: %s; GPU memory copy %.0f GB/s (read + write)\n", commit,
-               info.gpu, kv, bw);
+        printf("commit: %s; backend: cuda, GPU %d; kv: %s, planned for %d positions; GPU memory copy %.0f GB/s "
+               "(read + write)\n", commit, info.gpu, kv, mp.n_ctx, bw);
     else
         printf("commit: %s; backend: cpu; threads: %d; kv: %s; memory read %.1f GB/s\n", commit, nth, kv, bw);
     printf("decode reads %.1f MiB of weights per token: bound %.1f tokens/s\n", info.decode_bytes / 1048576.0,
