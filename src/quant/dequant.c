@@ -1,12 +1,14 @@
 // quant: dequantization of every computable type to f32, one function per type, with ggml's
 // exact layouts (REFERENCE.md §4.2). The float operations are done in the order gguf-py's NumPy
-// dequantizers use, so results match gguf.quants.dequantize bit for bit.
+// dequantizers use, so results match gguf.quants.dequantize bit for bit. A path's kernel table
+// may hold a faster one for a type (AVX2's F16), with the same values.
 
 #include <string.h>
 
 #include "quant/quant.h"
 #include "quant/blocks.h"
 #include "quant/iq_tables.h"
+#include "quant/kernels.h"
 
 static float f16(st_f16 h) { return st_f16_to_f32(h); }
 
@@ -342,6 +344,11 @@ void st_dequantize(st_type type, const void *src, float *dst, int64_t n) {
     ST_ASSERT(info && n >= 0 && n % info->block == 0);
     if (type == ST_TYPE_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    st_dequantize_fn fast = st_quant_kernels_now()->dequantize[type];
+    if (fast) {
+        fast(src, dst, n);
         return;
     }
     ST_ASSERT(dequant_table[type] != NULL);

@@ -1352,6 +1352,17 @@ AI float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
+// F16 rows (the attention's KV cache) to f32 with F16C, 8 at a time: the conversion is exact,
+// so the values are the scalar code's (a signalling NaN comes back quiet). The scalar code's
+// bit manipulation per element was 2.8% of decode's perf samples at a 16-token context on the
+// 2-core Xeon VM (30B shapes); this is 1.0%.
+static void dequantize_f16(const void *vx, float *y, int64_t n) {
+    const st_f16 *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = f16(x[i]);
+}
+
 static void quantize_q8_0(const float *x, void *vy, int64_t nb) {
     block_q8_0 *y = vy;
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -1416,6 +1427,7 @@ static void quantize_q8_K(const float *x, void *vy, int64_t nb) {
 }
 
 void st_quant_kernels_avx2(st_quant_kernels *k) {
+    k->dequantize[ST_TYPE_F16] = dequantize_f16;
     k->quantize[ST_TYPE_Q8_0] = quantize_q8_0;
     k->quantize[ST_TYPE_Q8_K] = quantize_q8_K;
     SET_GEMM(ST_TYPE_Q8_0, q8_0);

@@ -29,8 +29,13 @@ typedef void (*st_gemm_fn)(int64_t nb, int nx, float *y, int64_t ldy, const void
 // code writes (the reference that matches llama.cpp's CPU quantizers).
 typedef void (*st_quantize_fn)(const float *x, void *y, int64_t nb);
 
+// Weight or cache rows back to f32: n elements of x into y, the same values as dequant.c's code
+// (NaNs as NaNs).
+typedef void (*st_dequantize_fn)(const void *x, float *y, int64_t n);
+
 typedef struct st_quant_kernels {
     st_quantize_fn quantize[ST_TYPE_COUNT];   // NULL: quantize.c's scalar code
+    st_dequantize_fn dequantize[ST_TYPE_COUNT]; // NULL: dequant.c's scalar code
     st_dot_fn dot[ST_TYPE_COUNT];
     st_dot_multi_fn dot_multi[ST_TYPE_COUNT]; // NULL: the dispatcher loops over dot
     st_gemm_pack_fn gemm_pack[ST_TYPE_COUNT]; // NULL: no GEMM kernel, st_matmul uses dot_multi

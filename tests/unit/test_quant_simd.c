@@ -1,6 +1,7 @@
 // Unit tests for the SIMD CPU kernels: every path this CPU runs (AVX2, AVX-512) against the
 // scalar reference, for every type, odd block counts, dot, dot_multi, the GEMM kernels and
-// st_matmul with odd row counts and several threads. Paths the CPU lacks are skipped, saying so.
+// st_matmul with odd row counts and several threads, F16 rows back to f32. Paths the CPU lacks
+// are skipped, saying so.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -383,6 +384,70 @@ static void test_quantize_paths(void **state) {
     assert_int_equal(st_cpu_path_set(saved), ST_OK);
 }
 
+// st_matmul with one activation row (decode: each thread's rows run as two interleaved streams)
+// gives every row exactly what st_vec_dot gives it, for row counts that split evenly, unevenly
+// and not at all, with and without the pool.
+static void test_matmul_one_row(void **state) {
+    (void)state;
+    static const st_type types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_K, ST_TYPE_F16};
+    static const int row_counts[] = {1, 2, 3, 4, 17, 64, 101, 1000};
+    st_pool *pool = st_pool_create(3);
+    assert_non_null(pool);
+    st_cpu_path saved = st_cpu_path_get();
+    for (int p = 0; p < ST_CPU_PATH_COUNT; p++) {
+        if (!st_cpu_path_supported((st_cpu_path)p)) continue;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            int64_t n = 512;
+            int rows = row_counts[sizeof row_counts / sizeof row_counts[0] - 1];
+            fixture f;
+            fixture_init(&f, types[ti], n, rows, 1);
+            assert_int_equal(st_cpu_path_set((st_cpu_path)p), ST_OK);
+            size_t wr = st_row_bytes(types[ti], n);
+            float *y = malloc(sizeof(float) * (size_t)rows);
+            for (size_t c = 0; c < sizeof row_counts / sizeof row_counts[0]; c++)
+                for (int use_pool = 0; use_pool < 2; use_pool++) {
+                    for (int o = 0; o < rows; o++) y[o] = NAN;
+                    st_matmul_args a = {.type = types[ti], .w = f.w, .n = n, .rows = row_counts[c], .x = f.x,
+                                        .x_stride = f.xs, .nx = 1, .y = y, .ldy = row_counts[c]};
+                    st_matmul(use_pool ? pool : NULL, &a);
+                    for (int o = 0; o < row_counts[c]; o++) {
+                        float want = st_vec_dot(types[ti], n, f.w + (size_t)o * wr, f.x);
+                        if (memcmp(&want, &y[o], sizeof want))
+                            fail_msg("%s %s rows %d pool %d: row %d %.9g, st_vec_dot %.9g", st_type_name(types[ti]),
+                                     st_cpu_path_name((st_cpu_path)p), row_counts[c], use_pool, o, y[o], want);
+                    }
+                    for (int o = row_counts[c]; o < rows; o++) assert_true(isnan(y[o])); // untouched
+                }
+            free(y);
+            fixture_free(&f);
+        }
+    }
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+    st_pool_free(pool);
+}
+
+// Every path's F16 -> f32 gives st_f16_to_f32's bits for every half value (F16C quiets a
+// signalling NaN, the scalar code keeps its bits: any NaN for a NaN).
+static void test_dequantize_f16_paths(void **state) {
+    (void)state;
+    enum { N = 65536 + 5 }; // every bit pattern, then a tail shorter than a vector
+    static st_f16 h[N];
+    static float got[N];
+    for (int i = 0; i < N; i++) h[i] = (st_f16)(i < 65536 ? i : 0x3c00 + i);
+    st_cpu_path saved = st_cpu_path_get();
+    for (int p = 0; p < ST_CPU_PATH_COUNT; p++) {
+        if (!st_cpu_path_supported((st_cpu_path)p)) continue;
+        assert_int_equal(st_cpu_path_set((st_cpu_path)p), ST_OK);
+        st_dequantize(ST_TYPE_F16, h, got, N);
+        for (int i = 0; i < N; i++) {
+            float want = st_f16_to_f32(h[i]);
+            if (isnan(want) ? !isnan(got[i]) : memcmp(&want, &got[i], sizeof want))
+                fail_msg("f16 0x%04x on %s: %.9g, scalar %.9g", h[i], st_cpu_path_name((st_cpu_path)p), got[i], want);
+        }
+    }
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+}
+
 // Path selection: names, the scalar path always there, an unsupported path refused.
 static void test_paths(void **state) {
     (void)state;
@@ -405,6 +470,8 @@ int main(void) {
         cmocka_unit_test(test_paths),
         cmocka_unit_test(test_scalar_matmul_tiling),
         cmocka_unit_test(test_quantize_paths),
+        cmocka_unit_test(test_matmul_one_row),
+        cmocka_unit_test(test_dequantize_f16_paths),
         cmocka_unit_test(test_avx2),
         cmocka_unit_test(test_avx512),
         cmocka_unit_test(test_gemm_avx2),
