@@ -192,9 +192,14 @@ typedef struct st_backend_ops {
     void (*get_rows)(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
     // y (n, d) = x / sqrt(mean(x²) + eps) · w per row; w (d) or NULL for no scale
     void (*rmsnorm)(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
-    // The residual add and the norm after it: x (n, d) += y, then xn = rmsnorm(x) · w.
-    void (*add_rmsnorm)(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
-                        float eps);
+    // The residual add, the norm after it and the products that read the normed rows, as one
+    // op: with y, xo (n, d) = x + y (else x is the sum, and xo is not written); xn =
+    // rmsnorm(sum) · norm_w (norm_w (d) or NULL); then out[i] = xn · w[i]ᵀ for i < nw
+    // (nw 0 .. ST_MATMUL_MANY, every w[i] d wide). xo must not alias x: a device computes the
+    // sum in many blocks that each read all of it. The values are those of the add, rmsnorm
+    // and matmul_many one after another (a device may fold the first two into the products).
+    void (*norm_matmul)(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
+                        float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out);
     // Per head of x (n, n_head, head_dim), in place: rmsnorm with w (head_dim), then rope as below
     // (Qwen3's q and k norms followed by the rotary embedding).
     void (*norm_rope)(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,

@@ -87,10 +87,14 @@ static void cpu_rmsnorm(st_backend *b, const float *x, const float *w, float *y,
     }
 }
 
-static void cpu_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
-                            float eps) {
-    for (size_t i = 0; i < (size_t)n * d; i++) x[i] += y[i];
-    cpu_rmsnorm(b, x, w, xn, n, d, eps);
+static void cpu_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
+                            float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out) {
+    if (y) {
+        for (size_t i = 0; i < (size_t)n * d; i++) xo[i] = x[i] + y[i];
+        x = xo;
+    }
+    cpu_rmsnorm(b, x, norm_w, xn, n, d, eps);
+    if (nw > 0) cpu_matmul_many(b, nw, w, xn, n, out);
 }
 
 static void cpu_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
@@ -591,7 +595,7 @@ static const st_backend_ops cpu_ops = {
     .matmul_many = cpu_matmul_many,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
-    .add_rmsnorm = cpu_add_rmsnorm,
+    .norm_matmul = cpu_norm_matmul,
     .norm_rope = cpu_norm_rope,
     .l2norm = cpu_l2norm,
     .rope = cpu_rope,

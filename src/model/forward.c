@@ -24,7 +24,10 @@ struct st_state {
     float **ssm;              // (n_layer) (h_v, d, d) for DeltaNet layers, else NULL
     size_t bytes;
     // Activations for n_batch rows (backend memory).
-    float *x, *xn, *y;        // (n_batch, n_embd)
+    // The residual stream x (n_batch, n_embd), the other buffer its next value goes to (the
+    // two swap roles at each residual add, an even number of times a forward), its normed rows
+    // xn, and y, what the last block adds to it.
+    float *x, *x_alt, *xn, *y;
     float *big;               // (n_batch, max projection width): q+gate, qkv, ssm_in
     float *qkv;               // (n_batch, conv_dim) raw DeltaNet input
     float *q, *k, *v, *gate;  // (n_batch, widest head set); q also holds the conv output
@@ -88,7 +91,7 @@ static size_t activation_bytes(const st_hparams *hp, size_t nb) {
     int heads = imax(hp->n_head * hp->head_dim, hp->ssm_h_v * hp->ssm_d);
     int big = imax(hp->n_head * hp->head_dim * 2, conv_dim(hp) + hp->ssm_h_v * hp->ssm_d);
     big = imax(big, hp->n_mtp ? 2 * hp->n_embd : 0);
-    size_t floats = nb * (3 * (size_t)hp->n_embd + big + imax(heads, conv_dim(hp)) + imax(conv_dim(hp), 1) +
+    size_t floats = nb * (4 * (size_t)hp->n_embd + big + imax(heads, conv_dim(hp)) + imax(conv_dim(hp), 1) +
                           5 * (size_t)heads + 4 * (size_t)imax(hp->ssm_h_v, 1) + E + 2 * (size_t)imax(hp->n_ff_shexp, 1) +
                           1 + 2 * K + 2) + HEAD_ROWS * (size_t)hp->n_vocab;
     return sizeof(float) * floats;
@@ -155,6 +158,7 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     int big = imax(hp->n_head * hp->head_dim * 2, conv_dim(hp) + hp->ssm_h_v * hp->ssm_d);
     big = imax(big, hp->n_mtp ? 2 * hp->n_embd : 0); // the MTP input [embedding, hidden]
     s->x = take(s, sizeof(float) * nb * hp->n_embd, &err);
+    s->x_alt = take(s, sizeof(float) * nb * hp->n_embd, &err);
     s->xn = take(s, sizeof(float) * nb * hp->n_embd, &err);
     s->y = take(s, sizeof(float) * nb * hp->n_embd, &err);
     s->big = take(s, sizeof(float) * nb * big, &err);
@@ -196,7 +200,7 @@ void st_state_free(st_state *s) {
         if (s->conv) s->b->ops->free(s->b, s->conv[i]);
         if (s->ssm) s->b->ops->free(s->b, s->ssm[i]);
     }
-    float *bufs[] = {s->x, s->xn, s->y, s->big, s->qkv, s->qh, s->q, s->k, s->v, s->gate, s->att, s->beta, s->g,
+    float *bufs[] = {s->x, s->x_alt, s->xn, s->y, s->big, s->qkv, s->qh, s->q, s->k, s->v, s->gate, s->att, s->beta, s->g,
                      s->ba, s->logits_r, s->sh_g, s->sh_u, s->sh_s, s->weights};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->b->ops->free(s->b, bufs[i]);
     s->b->ops->free(s->b, s->ids);
@@ -217,16 +221,31 @@ void st_state_free(st_state *s) {
 // ---------------------------------------------------------------------------------------------
 // Blocks
 
-// Attention (qwen3moe) or gated attention (qwen3next) of n rows: xn -> y. The rows go to cache
+// A block's input: with add, the residual stream takes the last block's output (x += y, into
+// the other buffer, which becomes x), then xn = rmsnorm(x) · norm_w and the block's first
+// products out[i] = xn · w[i]ᵀ, as one op (a device folds the add and the norm into the
+// products' launch).
+static void block_input(st_state *s, bool add, const float *norm_w, int n, int nw, const st_mat *const *w,
+                        float *const *out) {
+    const st_hparams *hp = &s->m->hp;
+    OP(norm_matmul, s->x, add ? s->y : NULL, s->x_alt, norm_w, hp->eps, s->xn, n, hp->n_embd, nw, w, out);
+    if (add) {
+        float *t = s->x;
+        s->x = s->x_alt;
+        s->x_alt = t;
+    }
+}
+
+// Attention (qwen3moe) or gated attention (qwen3next) of n rows: block_input (norm_w) -> y. The rows go to cache
 // rows pos0 .. pos0+n-1; RoPE takes their positions from s->pos_ids.
-static void attention(st_state *s, int il, const st_layer *l, int n, int pos0) {
+static void attention(st_state *s, int il, const st_layer *l, int n, int pos0, bool add) {
     const st_hparams *hp = &s->m->hp;
     int H = hp->n_head, hd = hp->head_dim;
     bool gated = hp->arch == ST_ARCH_QWEN3NEXT;
     // The gated form's q projection holds [query | gate] per head.
     const st_mat *w[] = {&l->wq, &l->wk, &l->wv};
     float *y[] = {gated ? s->big : s->q, s->k, s->v};
-    OP(matmul_many, 3, w, s->xn, n, y);
+    block_input(s, add, l->attn_norm, n, 3, w, y);
     if (gated) OP(split_heads, s->big, s->q, s->gate, n, H, hd, hd);
     st_attn_args a = {.kv = &s->kv[il], .pos_dev = s->kv_pos, .q = s->q, .k = s->k, .v = s->v, .out = s->att,
                       .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd),
@@ -237,8 +256,8 @@ static void attention(st_state *s, int il, const st_layer *l, int n, int pos0) {
     OP(matmul, &l->wo, s->att, n, s->y);
 }
 
-// Gated DeltaNet (qwen3next) of n rows: xn -> y.
-static void deltanet(st_state *s, int il, const st_layer *l, int n) {
+// Gated DeltaNet (qwen3next) of n rows: block_input -> y.
+static void deltanet(st_state *s, int il, const st_layer *l, int n, bool add) {
     const st_hparams *hp = &s->m->hp;
     int d = hp->ssm_d, hk = hp->ssm_h_k, hv = hp->ssm_h_v, r = hv / hk;
     int kd = hk * d, vd = hv * d, cd = conv_dim(hp);
@@ -246,12 +265,12 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n) {
     if (l->wqkv.data) {
         const st_mat *w[] = {&l->wqkv, &l->wz, &l->wba};
         float *y[] = {s->qkv, z, s->ba};
-        OP(matmul_many, 3, w, s->xn, n, y);
+        block_input(s, add, l->attn_norm, n, 3, w, y);
     } else { // legacy ssm_in: per key head g, [q_g, k_g, v (r heads), z (r heads)]
         int gw = 2 * d + 2 * r * d;
         const st_mat *w[] = {&l->w_ssm_in, &l->wba};
         float *y[] = {s->big, s->ba};
-        OP(matmul_many, 2, w, s->xn, n, y);
+        block_input(s, add, l->attn_norm, n, 2, w, y);
         for (int g = 0; g < hk; g++) {
             int64_t src = (int64_t)g * gw;
             OP(copy_cols, s->big, cd + vd, src, s->qkv, cd, (int64_t)g * d, n, d);
@@ -279,11 +298,13 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n) {
     OP(matmul, &l->wout, s->att, n, s->y);
 }
 
-// Routed experts plus the shared expert (when the model has one) of n rows: xn -> y.
+// Routed experts plus the shared expert (when the model has one) of n rows: block_input
+// (the attention's output added) -> y.
 static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     const st_hparams *hp = &s->m->hp;
     int K = hp->n_expert_used;
-    OP(matmul, &l->router, s->xn, n, s->logits_r);
+    const st_mat *router = &l->router;
+    block_input(s, true, l->ffn_norm, n, 1, &router, &s->logits_r);
     // The experts module routes (softmax, top K, renormalized) into ids and weights.
     st_moe_args ma = {.layer = il, .gate = &l->gate_exps, .up = &l->up_exps, .down = &l->down_exps, .x = s->xn,
                       .ids = s->ids, .weights = s->weights, .logits = s->logits_r, .n = n, .k = K, .y = s->y};
@@ -292,18 +313,15 @@ static st_status moe(st_state *s, int il, const st_layer *l, int n) {
     return st_experts_compute(s->ex, s->b, &ma, hp->n_ff_shexp > 0 ? &sh : NULL);
 }
 
-// One decoder layer on s->x (n rows, attention cache rows from pos0), in place. s->xn holds the
-// layer's normed input on entry, and next_norm(x) on return (each residual add is fused with the
-// norm that follows it: the next layer's input norm, or the output norm).
-static st_status layer(st_state *s, int il, int n, int pos0, const float *next_norm) {
-    const st_hparams *hp = &s->m->hp;
+// One decoder layer on the residual stream (n rows, attention cache rows from pos0): with add,
+// s->y holds the output of the block before, which joins s->x first; on return s->y holds the
+// layer's experts' output, not yet added (each residual add is folded into the next block's
+// input, or into the final norm).
+static st_status layer(st_state *s, int il, int n, int pos0, bool add) {
     const st_layer *l = &s->m->layers[il];
-    if (l->recurrent) deltanet(s, il, l, n);
-    else attention(s, il, l, n, pos0);
-    OP(add_rmsnorm, s->x, s->y, l->ffn_norm, s->xn, n, hp->n_embd, hp->eps);
-    ST_TRY(moe(s, il, l, n));
-    OP(add_rmsnorm, s->x, s->y, next_norm, s->xn, n, hp->n_embd, hp->eps);
-    return ST_OK;
+    if (l->recurrent) deltanet(s, il, l, n, add);
+    else attention(s, il, l, n, pos0, add);
+    return moe(s, il, l, n);
 }
 
 // Logits of rows first .. n-1 of the final-normed s->xn into dst: the caller's buffer on a
@@ -359,11 +377,9 @@ static st_status forward_work(void *ctx) {
     fwd_work *w = ctx;
     st_state *s = w->s;
     const st_hparams *hp = &s->m->hp;
-    const st_layer *L = s->m->layers;
     OP(get_rows, &s->m->tok_embd, s->tok_ids, w->n, s->x);
-    OP(rmsnorm, s->x, L[0].attn_norm, s->xn, w->n, hp->n_embd, hp->eps);
-    for (int il = 0; il < hp->n_layer; il++)
-        ST_TRY(layer(s, il, w->n, w->pos0, il + 1 < hp->n_layer ? L[il + 1].attn_norm : s->m->output_norm));
+    for (int il = 0; il < hp->n_layer; il++) ST_TRY(layer(s, il, w->n, w->pos0, il > 0));
+    block_input(s, true, s->m->output_norm, w->n, 0, NULL, NULL);
     if (w->head_first >= 0) head_logits(s, w->head_first, w->n, s->logits);
     return ST_OK;
 }
@@ -437,9 +453,9 @@ st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hid
     OP(copy_cols, s->y, E, 0, s->big, 2 * E, 0, n, E);
     OP(copy_cols, s->xn, E, 0, s->big, 2 * E, E, n, E);
     OP(matmul, &l->mtp_eh, s->big, n, s->x);
-    OP(rmsnorm, s->x, l->attn_norm, s->xn, n, E, hp->eps);
     ST_TRY(st_experts_begin(s->ex, s->b, n, hp->n_expert_used, E, hp->n_layer, hp->n_layer + 1));
-    st_status rs = layer(s, hp->n_layer, n, pos, l->mtp_head_norm);
+    st_status rs = layer(s, hp->n_layer, n, pos, false);
+    if (!rs) block_input(s, true, l->mtp_head_norm, n, 0, NULL, NULL);
     st_status ss = st_experts_serve(s->ex, rs != ST_OK);
     ST_TRY(rs);
     ST_TRY(ss);

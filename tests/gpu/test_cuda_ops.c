@@ -149,36 +149,39 @@ static void test_rope(void **st) {
         }
 }
 
-// The residual add fused with the next norm: x and xn both compared, with an unaligned case
-// (an odd width and an offset row start) for the scalar path.
+// The residual add and the norm after it (norm_matmul without products): the sum xo and xn
+// both compared, with an unaligned case (an odd width) for the scalar path and y NULL (the norm
+// alone, xo untouched). The products' part is test_cuda_quant's test_norm_matmul.
 static void test_add_rmsnorm(void **st) {
     (void)st;
     const int dims[] = {100, 2048, 2050, 4096, 5};
     for (int di = 0; di < 5; di++)
         for (int ri = 0; ri < NROWS; ri++)
-            for (int with_w = 0; with_w < 2; with_w++) {
+            for (int mode = 0; mode < 3; mode++) { // weights and y; no weights; no y
                 int n = ROWS[ri], d = dims[di];
+                bool with_w = mode != 1, with_y = mode != 2;
                 size_t sz = (size_t)n * d;
                 float *x = rand_buf(sz, -3, 3), *y = rand_buf(sz, -3, 3), *w = rand_buf(d, 0.5f, 1.5f),
-                      *xn = malloc(sizeof(float) * sz), *xg = malloc(sizeof(float) * sz),
-                      *xng = malloc(sizeof(float) * sz);
+                      *xo = calloc(sz, sizeof(float)), *xn = malloc(sizeof(float) * sz),
+                      *xg = malloc(sizeof(float) * sz), *xng = malloc(sizeof(float) * sz);
                 float *dx = dev_put(x, sizeof(float) * sz), *dy = dev_put(y, sizeof(float) * sz),
-                      *dw = dev_put(w, sizeof(float) * d), *dxn = dev_put(NULL, sizeof(float) * sz);
-                cpu->ops->add_rmsnorm(cpu, x, y, with_w ? w : NULL, xn, n, d, 1e-6f);
-                gpu->ops->add_rmsnorm(gpu, dx, dy, with_w ? dw : NULL, dxn, n, d, 1e-6f);
-                dev_get(xg, dx, sizeof(float) * sz);
+                      *dw = dev_put(w, sizeof(float) * d), *dxo = dev_put(xo, sizeof(float) * sz),
+                      *dxn = dev_put(NULL, sizeof(float) * sz);
+                cpu->ops->norm_matmul(cpu, x, with_y ? y : NULL, xo, with_w ? w : NULL, 1e-6f, xn, n, d, 0, NULL, NULL);
+                gpu->ops->norm_matmul(gpu, dx, with_y ? dy : NULL, dxo, with_w ? dw : NULL, 1e-6f, dxn, n, d, 0, NULL,
+                                      NULL);
+                dev_get(xg, dxo, sizeof(float) * sz);
                 dev_get(xng, dxn, sizeof(float) * sz);
                 char what[96];
-                snprintf(what, sizeof what, "add_rmsnorm x n=%d d=%d w=%d", n, d, with_w);
-                check(what, x, xg, sz, 0, 0);
-                snprintf(what, sizeof what, "add_rmsnorm xn n=%d d=%d w=%d", n, d, with_w);
+                snprintf(what, sizeof what, "add_rmsnorm xo n=%d d=%d w=%d y=%d", n, d, with_w, with_y);
+                check(what, xo, xg, sz, 0, 0);
+                snprintf(what, sizeof what, "add_rmsnorm xn n=%d d=%d w=%d y=%d", n, d, with_w, with_y);
                 check(what, xn, xng, sz, 1e-6, 2e-6);
-                dev_free(dx), dev_free(dy), dev_free(dw), dev_free(dxn);
-                free(x), free(y), free(w), free(xn), free(xg), free(xng);
+                dev_free(dx), dev_free(dy), dev_free(dw), dev_free(dxo), dev_free(dxn);
+                free(x), free(y), free(w), free(xo), free(xn), free(xg), free(xng);
             }
 }
 
-// Per-head norm then rope, in place, against the CPU's (rmsnorm then rope).
 static void test_norm_rope(void **st) {
     (void)st;
     struct { int heads, hd, n_rot; float base; } cfg[] = {{32, 128, 128, 1e6f}, {4, 128, 128, 1e6f},
@@ -666,7 +669,7 @@ static void gdn_fn(void *ctx) { gpu->ops->gdn(gpu, ctx); }
 static void gdn_chunked_fn(void *ctx) { gpu->ops->gdn_chunked(gpu, ctx); }
 
 typedef struct small_ctx {
-    float *x, *y, *xn, *w;
+    float *x, *y, *xo, *xn, *w;
     int32_t *pos, *ids;
     float *weights;
     int n, d, heads, k;
@@ -677,7 +680,7 @@ static void rmsnorm_fn(void *ctx) {
 }
 static void add_rmsnorm_fn(void *ctx) {
     small_ctx *s = ctx;
-    gpu->ops->add_rmsnorm(gpu, s->x, s->y, s->w, s->xn, s->n, s->d, 1e-6f);
+    gpu->ops->norm_matmul(gpu, s->x, s->y, s->xo, s->w, 1e-6f, s->xn, s->n, s->d, 0, NULL, NULL);
 }
 static void add_fn(void *ctx) {
     small_ctx *s = ctx;
@@ -721,7 +724,8 @@ static int bench(void) {
     {
         int V = 151936;
         small_ctx s = {.x = dev_rand((size_t)V * 16, -1, 1), .y = dev_rand(2048 * 16, -1, 1),
-                       .xn = dev_put(NULL, sizeof(float) * 2048 * 16), .w = dev_rand(2048, 0.5f, 1.5f),
+                       .xn = dev_put(NULL, sizeof(float) * 2048 * 16), .xo = dev_put(NULL, sizeof(float) * 2048 * 16),
+                       .w = dev_rand(2048, 0.5f, 1.5f),
                        .ids = dev_put(NULL, sizeof(int32_t) * 16 * 8), .weights = dev_put(NULL, sizeof(float) * 16 * 8)};
         int32_t p[16];
         for (int i = 0; i < 16; i++) p[i] = 1234 + i;
@@ -753,7 +757,7 @@ static int bench(void) {
             snprintf(name, sizeof name, "argmax n=%d d=%d", n, V);
             bench_small(name, argmax_fn, &s);
         }
-        dev_free(s.x), dev_free(s.y), dev_free(s.xn), dev_free(s.w), dev_free(s.ids), dev_free(s.weights);
+        dev_free(s.x), dev_free(s.y), dev_free(s.xn), dev_free(s.xo), dev_free(s.w), dev_free(s.ids), dev_free(s.weights);
         dev_free(s.pos);
     }
 

@@ -320,6 +320,82 @@ static void test_matmul_many(void **state) {
     }
 }
 
+// norm_matmul: the products whose blocks norm their input themselves (windows of up to 4 rows,
+// rows up to 4095 wide) give the bits of the norm kernel followed by matmul_many
+// (STRATA_NORM_UNFUSED=1): the sum, the normed rows and every product, with and without the
+// residual add; wider rows, longer windows and other first matrices take the unfused path.
+typedef struct nm_out {
+    const char *what;
+    float *a, *b;
+    size_t cnt;
+} nm_out;
+
+static void test_norm_matmul(void **state) {
+    (void)state;
+    static const struct { int nw; st_type t[3]; int64_t rows[3], cols; } sets[] = {
+        {3, {ST_TYPE_Q8_0, ST_TYPE_Q8_0, ST_TYPE_Q8_0}, {4096, 512, 512}, 2048}, // q, k, v of the 30B shape
+        {1, {ST_TYPE_F32}, {128}, 2048},                                        // the 30B's router
+        {3, {ST_TYPE_Q8_0, ST_TYPE_F32, ST_TYPE_Q8_0}, {40, 16, 96}, 2048},     // the Next's qkv, ba, z
+        {2, {ST_TYPE_Q4_K, ST_TYPE_Q6_K}, {37, 129}, 512},                      // odd rows, a second type
+        {1, {ST_TYPE_Q8_0}, {64}, 4096},                                        // wider: the norm kernel
+        {0, {ST_TYPE_F32}, {0}, 2048},                                          // the final norm alone
+    };
+    static const int ns[] = {1, 2, 3, 4, 5, 16, 17};
+    int nmax = 17;
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        int64_t d = sets[si].cols;
+        int nw = sets[si].nw;
+        st_mat m[3];
+        const st_mat *mp[3];
+        float *ya[3], *yb[3];
+        for (int i = 0; i < nw; i++) {
+            st_type t = sets[si].t[i];
+            int64_t rows = sets[si].rows[i];
+            uint8_t *w = make_weights(t, rows, d, false);
+            void *wd = gpu->ops->upload(gpu, w, st_row_bytes(t, d) * (size_t)rows);
+            if (!wd) fail_msg("upload failed: %s", st_error());
+            free(w);
+            m[i] = (st_mat){t, d, rows, st_row_bytes(t, d), wd};
+            mp[i] = &m[i];
+            ya[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+            yb[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+        }
+        size_t sz = (size_t)nmax * d;
+        float *x = rand_normal(sz, 1.0f), *y = rand_normal(sz, 1.0f), *g = rand_normal((size_t)d, 0.3f);
+        for (int64_t j = 0; j < d; j++) g[j] += 1.0f;
+        float *xd = dev_put(x, sizeof(float) * sz), *yd = dev_put(y, sizeof(float) * sz);
+        float *gd = dev_put(g, sizeof(float) * (size_t)d);
+        float *xoa = dev_put(NULL, sizeof(float) * sz), *xob = dev_put(NULL, sizeof(float) * sz);
+        float *xna = dev_put(NULL, sizeof(float) * sz), *xnb = dev_put(NULL, sizeof(float) * sz);
+        float *ha = xmalloc(sizeof(float) * sz * 4), *hb = xmalloc(sizeof(float) * sz * 4);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            for (int add = 0; add < 2; add++) {
+                int n = ns[ni];
+                unsetenv("STRATA_NORM_UNFUSED");
+                gpu->ops->norm_matmul(gpu, xd, add ? yd : NULL, xoa, gd, 1e-6f, xna, n, (int)d, nw, mp, ya);
+                setenv("STRATA_NORM_UNFUSED", "1", 1);
+                gpu->ops->norm_matmul(gpu, xd, add ? yd : NULL, xob, gd, 1e-6f, xnb, n, (int)d, nw, mp, yb);
+                unsetenv("STRATA_NORM_UNFUSED");
+                gpu_sync("norm_matmul");
+                nm_out outs[5];
+                int no = 0;
+                outs[no++] = (nm_out){"normed rows", xna, xnb, (size_t)n * d};
+                if (add) outs[no++] = (nm_out){"sum", xoa, xob, (size_t)n * d};
+                for (int i = 0; i < nw; i++) outs[no++] = (nm_out){"product", ya[i], yb[i], (size_t)n * m[i].rows};
+                for (int o = 0; o < no; o++) {
+                    dev_get(ha, outs[o].a, sizeof(float) * outs[o].cnt);
+                    dev_get(hb, outs[o].b, sizeof(float) * outs[o].cnt);
+                    if (memcmp(ha, hb, sizeof(float) * outs[o].cnt))
+                        fail_msg("norm_matmul set %zu n=%d add=%d: the %s (output %d) differs from the unfused path",
+                                 si, n, add, outs[o].what, o);
+                }
+            }
+        for (int i = 0; i < nw; i++) dev_free((void *)m[i].data), dev_free(ya[i]), dev_free(yb[i]);
+        dev_free(xd), dev_free(yd), dev_free(gd), dev_free(xoa), dev_free(xob), dev_free(xna), dev_free(xnb);
+        free(x), free(y), free(g), free(ha), free(hb);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // get_rows: exact.
 
@@ -953,7 +1029,7 @@ int main(int argc, char **argv) {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_get_rows),
             cmocka_unit_test(test_matmul),
-            cmocka_unit_test(test_matmul_many),
+            cmocka_unit_test(test_matmul_many), cmocka_unit_test(test_norm_matmul),
             cmocka_unit_test(test_matmul_mma),
             cmocka_unit_test(test_moe),
             cmocka_unit_test(test_moe_fold),

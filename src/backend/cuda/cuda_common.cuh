@@ -103,6 +103,114 @@ __device__ __forceinline__ void route_sort_warp(float &v, int &i) {
         }
 }
 
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads; every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // part may still be read by a previous call
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// Threads of a block that norms a model-width row (rms_row): the norm kernels' block, and the
+// width up to which a product's 128-thread block norms its input itself with the same sums.
+__host__ __device__ constexpr int st_rms_threads(int d) { return d >= 4096 ? 256 : 128; }
+#define RMS_KEEP 8
+
+// The sum of squares of one row a = x (+ y when given) of d floats, by the whole block (every
+// thread gets it); a written to xo when given. With vec4 (d % 4 == 0, 16-byte aligned rows)
+// 16-byte accesses, and the first RMS_KEEP float4 of each thread are kept in registers for the
+// scaling (a 2048-wide row over 128 threads is 4 each). The same blockDim gives the same bits
+// wherever this runs (the norm kernels, and the products that norm their input themselves).
+__device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float *xo, int d, bool vec4,
+                                           float4 (&keep)[RMS_KEEP]) {
+    float ss = 0;
+    if (vec4) {
+        const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
+        float4 *xo4 = (float4 *)xo;
+        const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
+#pragma unroll
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < d4) {
+                float4 a = x4[j];
+                if (y4) {
+                    float4 c = y4[j];
+                    a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                    if (xo4) xo4[j] = a;
+                }
+                keep[k] = a;
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            }
+        }
+        for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
+            float4 a = x4[j];
+            if (y4) {
+                float4 c = y4[j];
+                a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                if (xo4) xo4[j] = a;
+            }
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            float a = x[j];
+            if (y) {
+                a += y[j];
+                if (xo) xo[j] = a;
+            }
+            ss += a * a;
+        }
+    }
+    return block_sum(ss);
+}
+
+// The norm's scale of a row whose sum of squares is ss.
+__device__ __forceinline__ float rms_scale(float ss, int d, float eps) { return 1.0f / sqrtf(ss / d + eps); }
+
+// One row by the whole block: a = x (+ y), written to xo when given (xo may alias x: each
+// thread rereads only what it wrote), then out = a · s · w (w NULL: 1), s = rms_scale. Returns s.
+__device__ __forceinline__ float rms_row(const float *x, const float *y, float *xo, const float *w, float *out, int d,
+                                         float eps, bool vec4) {
+    float4 keep[RMS_KEEP];
+    float s = rms_scale(rms_sumsq(x, y, xo, d, vec4, keep), d, eps);
+    if (vec4) {
+        const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y, *w4 = (const float4 *)w;
+        float4 *xo4 = (float4 *)xo, *n4 = (float4 *)out;
+        const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
+#pragma unroll
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < d4) {
+                float4 a = keep[k], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
+                n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+            }
+        }
+        for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
+            float4 a = y4 && xo4 ? xo4[j] : x4[j], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
+            if (y4 && !xo4) {
+                float4 c = y4[j];
+                a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+            }
+            n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+        }
+        return s;
+    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float a = !y ? x[j] : xo ? xo[j] : x[j] + y[j];
+        out[j] = a * s * (w ? w[j] : 1.0f);
+    }
+    return s;
+}
+
 __device__ __forceinline__ double warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -266,6 +374,8 @@ void st_cuda_profile_report(const st_cuda *c);
 // quant_matmul.cu: quantized weights
 void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y);
 void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y);
+void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
+                         float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out);
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
 void st_cuda_moe(st_backend *b, const st_moe_args *a);
 bool st_cuda_type_supported(st_type t);  // matmul / get_rows / moe handle this weight type
@@ -273,8 +383,9 @@ bool st_cuda_type_supported(st_type t);  // matmul / get_rows / moe handle this 
 // ops.cu: element-wise, norms, rope, router, argmax, conv
 void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
 void st_cuda_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale);
-void st_cuda_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
-                         float eps);
+// The residual sum xo = x + y (with y; xo may alias x) and xn = rmsnorm(sum) · w, a block a row.
+void st_cuda_add_rmsnorm(st_cuda *c, const float *x, const float *y, float *xo, const float *w, float *xn, int n,
+                         int d, float eps);
 void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
                        const int32_t *pos, float base, float eps);
 void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,

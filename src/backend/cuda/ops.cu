@@ -14,26 +14,9 @@ namespace cg = cooperative_groups;
 // ---------------------------------------------------------------------------------------------
 // Reductions
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
-}
-
-// Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads; every thread gets it.
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads(); // part may still be read by a previous call
-    if (lane == 0) part[w] = v;
-    __syncthreads();
-    v = lane < nw ? part[lane] : 0.0f;
-    return warp_sum(v);
 }
 
 // (value, index) pairs: a beats b when larger, or equal with a lower index (the CPU's first max).
@@ -77,80 +60,21 @@ __global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, in
 }
 
 // One block per row (model-width rows), optionally with the residual add before it (y != NULL:
-// x += y is written back, then normalized). 16-byte accesses when the row allows them
-// (d % 4 == 0, aligned pointers): the first RMS_KEEP float4 of each thread stay in registers
-// between the sum of squares and the scaling (a 2048-wide row over 128 threads is 4 each), so
-// the row is read once; the rest, and rows that are not 16-byte aligned, are reread (each
-// thread rereads what it wrote: out may alias x). 128 threads keep the block reduction short.
-#define RMS_KEEP 8
-
-__global__ void rmsnorm_row_kernel(float *x, const float *y, const float *w, float *out, int d, float eps,
-                                   bool vec4) {
+// xo = x + y is written, xo may alias x), then normalized: rms_row.
+__global__ void rmsnorm_row_kernel(const float *x, const float *y, float *xo, const float *w, float *out, int d,
+                                   float eps, bool vec4) {
     st_pdl_begin();
     size_t off = (size_t)blockIdx.x * d;
-    float *xr = x + off, *nr = out + off;
-    const float *yr = y ? y + off : NULL;
-    float ss = 0;
-    if (vec4) {
-        float4 *x4 = (float4 *)xr, *n4 = (float4 *)nr;
-        const float4 *y4 = (const float4 *)yr, *w4 = (const float4 *)w;
-        const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
-        float4 keep[RMS_KEEP];
-#pragma unroll
-        for (int k = 0; k < RMS_KEEP; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < d4) {
-                float4 a = x4[j];
-                if (y4) {
-                    float4 c = y4[j];
-                    a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
-                    x4[j] = a;
-                }
-                keep[k] = a;
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-            }
-        }
-        for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
-            float4 a = x4[j];
-            if (y4) {
-                float4 c = y4[j];
-                a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
-                x4[j] = a;
-            }
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        }
-        ss = block_sum(ss);
-        float s = 1.0f / sqrtf(ss / d + eps);
-#pragma unroll
-        for (int k = 0; k < RMS_KEEP; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < d4) {
-                float4 a = keep[k], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
-                n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
-            }
-        }
-        for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
-            float4 a = x4[j], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
-            n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
-        }
-        return;
-    }
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float a = xr[j];
-        if (yr) a += yr[j], xr[j] = a;
-        ss += a * a;
-    }
-    ss = block_sum(ss);
-    float s = 1.0f / sqrtf(ss / d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) nr[j] = xr[j] * s * (w ? w[j] : 1.0f);
+    rms_row(x + off, y ? y + off : NULL, y ? xo + off : NULL, w, out + off, d, eps, vec4);
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-static void rmsnorm_rows(st_cuda *c, float *x, const float *y, const float *w, float *out, int n, int d, float eps) {
-    bool vec4 = (d & 3) == 0 && aligned16(x) && (!y || aligned16(y)) && aligned16(out) && (!w || aligned16(w));
-    int threads = d >= 4096 ? 256 : 128;
-    st_launch(c, rmsnorm_row_kernel, n, threads, 0, x, y, w, out, d, eps, vec4);
+static void rmsnorm_rows(st_cuda *c, const float *x, const float *y, float *xo, const float *w, float *out, int n,
+                         int d, float eps) {
+    bool vec4 = (d & 3) == 0 && aligned16(x) && (!y || (aligned16(y) && aligned16(xo))) && aligned16(out) &&
+                (!w || aligned16(w));
+    st_launch(c, rmsnorm_row_kernel, n, st_rms_threads(d), 0, x, y, xo, w, out, d, eps, vec4);
 }
 
 void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) {
@@ -158,15 +82,14 @@ void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, in
     if (n <= 0 || d <= 0) return;
     // Short rows (head-sized norms over many rows): a warp each. x is only read below (no y).
     if (d < 1024) st_launch(c, rmsnorm_warp_kernel, (n + 7) / 8, 256, 0, x, w, y, n, d, eps);
-    else rmsnorm_rows(c, (float *)x, NULL, w, y, n, d, eps);
+    else rmsnorm_rows(c, x, NULL, NULL, w, y, n, d, eps);
     ST_CU_LAUNCHED(c, "rmsnorm");
 }
 
-void st_cuda_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d,
-                         float eps) {
-    st_cuda *c = st_cuda_of(b);
+void st_cuda_add_rmsnorm(st_cuda *c, const float *x, const float *y, float *xo, const float *w, float *xn, int n,
+                         int d, float eps) {
     if (n <= 0 || d <= 0) return;
-    rmsnorm_rows(c, x, y, w, xn, n, d, eps);
+    rmsnorm_rows(c, x, y, xo, w, xn, n, d, eps);
     ST_CU_LAUNCHED(c, "add_rmsnorm");
 }
 

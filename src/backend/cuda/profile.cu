@@ -99,7 +99,16 @@ static void p_gdn_chunked(st_backend *b, const st_gdn_args *a) {
 }
 static void p_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) { TIMED(b, "get_rows", inner->get_rows(b, w, ids, n, y)); }
 static void p_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) { TIMED(b, "rmsnorm", inner->rmsnorm(b, x, w, y, n, d, eps)); }
-static void p_add_rmsnorm(st_backend *b, float *x, const float *y, const float *w, float *xn, int n, int d, float eps) { TIMED(b, "add_rmsnorm", inner->add_rmsnorm(b, x, y, w, xn, n, d, eps)); }
+static void p_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *nw_, float eps, float *xn,
+                          int n, int d, int nw, const st_mat *const *w, float *const *out) {
+    char key[96];
+    if (nw > 0)
+        snprintf(key, sizeof key, "norm_matmul %d x %s %lldx%lld %s", nw, st_type_name(w[0]->type), (long long)w[0]->rows,
+                 (long long)w[0]->cols, rows_class(n));
+    else
+        snprintf(key, sizeof key, "norm_matmul 0 %s", rows_class(n));
+    TIMED(b, key, inner->norm_matmul(b, x, y, xo, nw_, eps, xn, n, d, nw, w, out));
+}
 static void p_norm_rope(st_backend *b, float *x, const float *w, int n, int h, int hd, int nr, const int32_t *pos, float base, float eps) { TIMED(b, "norm_rope", inner->norm_rope(b, x, w, n, h, hd, nr, pos, base, eps)); }
 static void p_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) { TIMED(b, "l2norm", inner->l2norm(b, x, n, d, eps, scale)); }
 static void p_rope(st_backend *b, float *x, int n, int h, int hd, int nr, const int32_t *pos, float base) { TIMED(b, "rope", inner->rope(b, x, n, h, hd, nr, pos, base)); }
@@ -166,7 +175,7 @@ const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real, bool time_
     ops.get_rows = p_get_rows;
     ops.rmsnorm = p_rmsnorm;
     ops.l2norm = p_l2norm;
-    ops.add_rmsnorm = p_add_rmsnorm;
+    ops.norm_matmul = p_norm_matmul;
     ops.norm_rope = p_norm_rope;
     ops.rope = p_rope;
     ops.conv = p_conv;

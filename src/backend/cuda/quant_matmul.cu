@@ -340,6 +340,34 @@ __device__ __forceinline__ void row_dot_f(const uint8_t *wrow, int cols, const f
     }
 }
 
+// The norm a product's blocks apply to their input themselves (norm_matmul, windows of a few
+// rows): each block sums the squares of its rows x (+ y) as the norm kernel does (rms_sumsq,
+// the same block size), so it scales them to the bits that kernel writes; block 0 also writes
+// the sum (xo, when y) and the normed rows (xn) for the ops after it. x == NULL: no norm.
+struct st_norm_in {
+    const float *x, *y;
+    float *xo, *xn;
+    const float *w;
+    float eps;
+};
+
+// The rows' scales into sc (nx, shared memory); block 0 writes xo and xn on the way.
+__device__ __forceinline__ void norm_scales(const st_norm_in &nm, int nx, int d, float *sc) {
+    for (int j = 0; j < nx; j++) {
+        size_t off = (size_t)j * d;
+        const float *y = nm.y ? nm.y + off : NULL;
+        float s;
+        if (blockIdx.x == 0) {
+            s = rms_row(nm.x + off, y, y ? nm.xo + off : NULL, nm.w, nm.xn + off, d, nm.eps, true);
+        } else {
+            float4 keep[RMS_KEEP];
+            s = rms_scale(rms_sumsq(nm.x + off, y, NULL, d, true, keep), d, nm.eps);
+        }
+        if (threadIdx.x == 0) sc[j] = s;
+    }
+    __syncthreads();
+}
+
 // The activations a matrix-vector kernel reads: quantized blocks, or floats for float weights.
 struct st_mv_in {
     st_act a;
@@ -361,12 +389,26 @@ __device__ __forceinline__ void any_row_dot(const uint8_t *wrow, int cols, const
 // ---------------------------------------------------------------------------------------------
 // matmul, n <= 16: y (n, rows); warp w of block b computes row 4b + w for every x row.
 
+// With nm.x (float weights only), the block norms its input into shared memory first.
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
-    mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, st_mv_in in, int nx, float *y) {
+    mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, st_mv_in in, int nx, float *y,
+               st_norm_in nm) {
+    extern __shared__ __align__(16) float mv_rows[];
     int64_t rb0 = (int64_t)blockIdx.x * ST_CUQ_WARPS;
     prefetch_l2(w + (size_t)rb0 * row_bytes, (size_t)(min(rb0 + ST_CUQ_WARPS, rows) - rb0) * row_bytes);
     st_pdl_begin();
+    if (nm.x) { // the normed rows in shared memory (block 0: in xn, which later ops read)
+        float *rows = blockIdx.x == 0 ? nm.xn : mv_rows;
+        for (int j = 0; j < nx; j++) {
+            size_t off = (size_t)j * cols;
+            const float *y = nm.y ? nm.y + off : NULL;
+            rms_row(nm.x + off, y, y && blockIdx.x == 0 ? nm.xo + off : NULL, nm.w, rows + off, cols, nm.eps, true);
+        }
+        __syncthreads();
+        in.x = rows;
+        in.ldx = cols;
+    }
     int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     st_xrows xr = {NULL};
@@ -383,11 +425,18 @@ __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
 }
 
 template <int T>
-static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, float *y) {
+static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, float *y, const st_norm_in *nm = NULL) {
     dim3 grid((unsigned)((w->rows + ST_CUQ_WARPS - 1) / ST_CUQ_WARPS));
     const uint8_t *wd = (const uint8_t *)w->data;
     int cols = (int)w->cols;
-#define L(NX) st_launch(c, mmv_kernel<T, NX>, grid, 32 * ST_CUQ_WARPS, 0, wd, w->row_bytes, w->rows, cols, in, n, y)
+    st_norm_in none = {};
+    size_t smem = nm ? sizeof(float) * (size_t)n * cols : 0;
+#define L(NX)                                                                                      \
+    do {                                                                                           \
+        if (smem) st_allow_smem(c, mmv_kernel<T, NX>, smem);                                       \
+        st_launch(c, mmv_kernel<T, NX>, grid, 32 * ST_CUQ_WARPS, smem, wd, w->row_bytes, w->rows, cols, in, n, y, \
+                  nm ? *nm : none);                                                                \
+    } while (0)
     if (n == 1) L(1);
     else if (n == 2) L(2);
     else if (n <= 4) L(4);
@@ -416,8 +465,11 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
 // chunks read consecutive 16-byte words (no bank conflicts); ds (nchunk float2) per row.
 // Values as quantize_q8_kernel: scale amax/127, round half away from zero.
 // Row j of the window is x row j, or rl[j] / rdiv when a row list is given (experts' members).
+// With sc (the norm's scales, one per row): x (+ y) · sc[row] · gw (gw NULL: 1), the norm's own
+// operations (rms_row), quantized.
 __device__ __forceinline__ void quant_split(const float *x, int64_t ldx, const int *rl, int rdiv, int nx, int cols,
-                                            int8_t *q, float2 *ds, int tid, int nthreads) {
+                                            int8_t *q, float2 *ds, int tid, int nthreads, const float *y = NULL,
+                                            const float *gw = NULL, const float *sc = NULL) {
     int nchunk = cols / 32, groups = nx * nchunk;
     int lane = tid & 31, l8 = lane & 7;
     // Four chunks per warp and step, eight lanes per chunk, four floats per lane; every lane
@@ -432,7 +484,17 @@ __device__ __forceinline__ void quant_split(const float *x, int64_t ldx, const i
             v[u] = make_float4(0, 0, 0, 0);
             if (g < groups) {
                 int j = g / nchunk, xrow = rl ? rl[j] / rdiv : j;
-                v[u] = *(const float4 *)(x + (size_t)xrow * ldx + (size_t)(g % nchunk) * 32 + 4 * l8);
+                size_t at = (size_t)xrow * ldx + (size_t)(g % nchunk) * 32 + 4 * l8;
+                v[u] = *(const float4 *)(x + at);
+                if (sc) {
+                    float4 a = v[u], w4 = gw ? *(const float4 *)(gw + (size_t)(g % nchunk) * 32 + 4 * l8) : make_float4(1, 1, 1, 1);
+                    if (y) {
+                        float4 c = *(const float4 *)(y + at);
+                        a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                    }
+                    float s = sc[j];
+                    v[u] = make_float4(a.x * s * w4.x, a.y * s * w4.y, a.z * s * w4.z, a.w * s * w4.w);
+                }
             }
         }
 #pragma unroll
@@ -513,6 +575,8 @@ struct st_mv2_args {
     // written by a kernel), so they arrive while that kernel finishes.
     bool stage;
     int xbytes;
+    // With norm.x (fused only): x (+ norm.y) scaled by the rows' norms and norm.w, quantized.
+    st_norm_in norm;
 };
 
 template <int T, int NX>
@@ -545,7 +609,13 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     if (p.fused) {
         int8_t *sq = (int8_t *)mv_smem;
         float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
-        quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x);
+        if (p.norm.x) {
+            __shared__ float sc[ST_MV_FUSED_MAX];
+            norm_scales(p.norm, nx, p.cols, sc);
+            quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x, p.norm.y, p.norm.w, sc);
+        } else {
+            quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x);
+        }
         xq = sq;
         xds = sds;
     }
@@ -593,10 +663,14 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
 
 // Quantized weights of type T, all nw matrices cols wide, n <= 16: one launch; false when this
 // path does not apply (x not 16-byte aligned).
+// With nm, the blocks norm x themselves first (n <= ST_MV_FUSED_MAX: false otherwise).
 template <int T>
-static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
+static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float *x, int n, float *const *y,
+                        const st_norm_in *nm = NULL) {
     int64_t cols = w[0]->cols;
     if (((uintptr_t)x & 15) || cols % 32 || nw > ST_MATMUL_MANY) return false;
+    if (nm && (n > ST_MV_FUSED_MAX || (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32) > ST_MV_SMEM_MAX))
+        return false;
     st_mv2_args p = {};
     unsigned blocks = 0;
     for (int i = 0; i < nw; i++) {
@@ -607,6 +681,7 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
     size_t xbytes = (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32);
     size_t smem = 0;
     if (n <= ST_MV_FUSED_MAX && xbytes <= ST_MV_SMEM_MAX) {
+        if (nm) p.norm = *nm;
         p.fused = true;
         smem = align_up16(xbytes);
     } else {
@@ -1030,6 +1105,60 @@ void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const fl
     }
     for (int i = 0; i < nw; i++)
         if (!done[i]) st_cuda_matmul(b, w[i], x, n, y[i]);
+}
+
+// Windows of up to ST_MV_FUSED_MAX rows: the first product's blocks (w[0] and the matrices of
+// its type and width: q, k and v; or a float router) norm their input themselves, which saves
+// the norm's launch and its wait in the decode step's chain; the other products read xn. Rows
+// wider than a 128-thread norm takes (st_rms_threads), other shapes and prompt chunks run the
+// norm kernel, then the products. STRATA_NORM_UNFUSED=1 always does (A/B runs).
+void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
+                         float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0 || nw < 0 || nw > ST_MATMUL_MANY || c->err) return;
+    static_assert(32 * ST_MV_WARPS == 128 && 32 * ST_CUQ_WARPS == 128, "the fused norm's block is the norm kernel's");
+    auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
+    bool fuse = nw > 0 && n <= ST_MV_FUSED_MAX && d % 4 == 0 && st_rms_threads(d) == 128 && w[0]->cols == d &&
+                a16(x) && (!y || (a16(y) && a16(xo))) && a16(xn) && (!norm_w || a16(norm_w)) &&
+                !env_on("STRATA_NORM_UNFUSED");
+    if (fuse && !check_mat(c, "matmul", w[0]->type, w[0]->cols, w[0]->rows, w[0]->data, w[0]->row_bytes)) return;
+    if (fuse && !quant_tables(c)) return;
+    st_norm_in nm = {x, y, xo, xn, norm_w, eps};
+    bool done[ST_MATMUL_MANY] = {false}, fused = false;
+    if (fuse && !is_float_type(w[0]->type)) {
+        const st_mat *gw[ST_MATMUL_MANY];
+        float *gy[ST_MATMUL_MANY];
+        int g = 0;
+        for (int j = 0; j < nw; j++)
+            if (w[j]->type == w[0]->type && w[j]->cols == d) gw[g] = w[j], gy[g++] = out[j];
+        for (int k = 1; k < g; k++)
+            if (!check_mat(c, "matmul", gw[k]->type, gw[k]->cols, gw[k]->rows, gw[k]->data, gw[k]->row_bytes)) return;
+        switch (w[0]->type) {
+#define CASE(T) case T: fused = mmv2_launch<T>(c, g, gw, x, n, gy, &nm); break;
+            ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+        default: break;
+        }
+        if (fused)
+            for (int j = 0; j < nw; j++) done[j] = w[j]->type == w[0]->type && w[j]->cols == d;
+    } else if (fuse) {
+        st_mv_in in = {{NULL, NULL, 0}, x, d};
+        switch (w[0]->type) {
+#define CASE(T) case T: mmv_launch<T>(c, w[0], in, n, out[0], &nm); fused = true; break;
+            CASE(ST_TYPE_F32) CASE(ST_TYPE_F16) CASE(ST_TYPE_BF16)
+#undef CASE
+        default: break;
+        }
+        done[0] = fused;
+    }
+    if (fused) ST_CU_LAUNCHED(c, "norm_matmul");
+    else st_cuda_add_rmsnorm(c, x, y, xo, norm_w, xn, n, d, eps);
+    const st_mat *rw[ST_MATMUL_MANY];
+    float *ry[ST_MATMUL_MANY];
+    int r = 0;
+    for (int j = 0; j < nw; j++)
+        if (!done[j]) rw[r] = w[j], ry[r++] = out[j];
+    if (r) st_cuda_matmul_many(b, r, rw, xn, n, ry);
 }
 
 // ---------------------------------------------------------------------------------------------
