@@ -86,7 +86,7 @@ static st_status place_params(strata_model *m, const strata_model_params *p, st_
     pp->vram_budget = (size_t)(p->vram_budget_gib * 1073741824.0);
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : mo->hp.n_ctx_train < 8192 ? mo->hp.n_ctx_train : 8192;
     st_state_params sp = {.n_ctx = n_ctx, .n_batch = p->n_batch > 0 ? p->n_batch : 512, .kv_type = ST_KV_F16};
-    pp->keep_bytes = st_state_plan_bytes(mo, &sp) * (size_t)(p->n_seq > 1 ? p->n_seq : 1);
+    pp->keep_bytes = st_state_plan_bytes(mo, &sp, p->n_seq);
     m->plan_ctx = n_ctx;
     pp->resident_bytes = p->resident_gib < 0 ? SIZE_MAX : (size_t)(p->resident_gib * 1073741824.0);
     pp->adapt_every = p->adapt_every < 0 ? 0 : p->adapt_every > 0 ? p->adapt_every : 32;

@@ -97,14 +97,26 @@ static size_t activation_bytes(const st_hparams *hp, size_t nb) {
     return sizeof(float) * floats;
 }
 
-size_t st_state_plan_bytes(const st_model *m, const st_state_params *p) {
-    // Beyond the state's own buffers, the device's scratch (quantized activations, dequantized
-    // weights and expert intermediates of prompt chunks, attention partials) and the expert
-    // staging: an allowance of 20% of the activations plus 768 MiB. Checked on the H200 with
-    // prompts of 2048 at budgets of 12 and 16 GiB: the card's peak stayed 0.8 GiB under the budget
-    // less the reserve for the 30B-A3B shape and 0.2 GiB under it for the Next-80B-A3B shape.
+// The device's work buffers for chunks of nb rows, which the sessions of a backend share
+// (quantized activations, dequantized weight pieces, attention partials, DeltaNet chunk buffers,
+// and the routed experts' grouping and intermediates of prompt chunks, which grow with the rows).
+// Peaks measured on the H200 at chunks of 2048 rows (STRATA_CUDA_PROFILE,
+// bench/results/2026-11-30-fold-pool-next-llama.md): 430 MiB at the 30B-A3B shape (experts'
+// 390), 525 at the Next-80B-A3B (425); the experts' part is 1.4-1.5x k · (3F + d) floats a row.
+// Allowed: 192 MiB + twice that a row (736 and 752 MiB for those shapes at 2048 rows, about the
+// flat 768 MiB checked at 12 and 16 GiB before; 328 / 332 MiB at the default 512, where the flat
+// allowance left ~1 GiB of a 16 GiB card unused).
+static size_t work_bytes(const st_hparams *hp, size_t nb) {
+    size_t expert_row = sizeof(float) * (size_t)hp->n_expert_used * (3 * (size_t)hp->n_ff_exp + (size_t)hp->n_embd);
+    return ((size_t)192 << 20) + nb * 2 * expert_row;
+}
+
+size_t st_state_plan_bytes(const st_model *m, const st_state_params *p, int n_seq) {
+    // Each session: its KV cache and state, activations and expert staging; once: the work
+    // buffers, with 20% of a session's activations for what the estimate misses.
     size_t act = activation_bytes(&m->hp, (size_t)p->n_batch);
-    return state_bytes(m, p) + act + act / 5 + ((size_t)768 << 20) + st_experts_stage_bytes();
+    size_t per = state_bytes(m, p) + act + st_experts_stage_bytes();
+    return per * (size_t)(n_seq > 1 ? n_seq : 1) + act / 5 + work_bytes(&m->hp, (size_t)p->n_batch);
 }
 
 st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out) {

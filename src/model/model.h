@@ -106,9 +106,10 @@ typedef struct st_state_params {
     bool count_experts;   // count routing on the device too (profiles); the CPU always counts
 } st_state_params;
 
-// Device memory a state with these parameters takes (KV cache, recurrent state, activations,
-// expert staging), for planning before the model is placed.
-size_t st_state_plan_bytes(const st_model *m, const st_state_params *p);
+// Device memory n_seq states with these parameters take (KV cache, recurrent state,
+// activations, expert staging) with the backend's work buffers, for planning before the model
+// is placed.
+size_t st_state_plan_bytes(const st_model *m, const st_state_params *p, int n_seq);
 
 st_status st_state_create(const st_model *m, st_backend *b, const st_state_params *p, st_state **out);
 void st_state_free(st_state *s);
