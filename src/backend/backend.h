@@ -261,6 +261,12 @@ typedef struct st_backend_ops {
     // the work queued so far, and returns at once; wait_copies waits for every copy started.
     void (*to_host_async)(st_backend *b, void *host, const void *src, size_t bytes);
     void (*wait_copies)(st_backend *b);
+    // Starts copying host memory into backend memory on a copy stream of its own, after the work
+    // queued so far, and returns at once (truly asynchronous from host_alloc memory); the host
+    // bytes must stay as they are, and nothing may read dst, until h2d_done says the copies
+    // started so far have all finished (it does not wait). Device backends only (NULL on the CPU).
+    void (*from_host_async)(st_backend *b, void *dst, const void *host, size_t bytes);
+    bool (*h2d_done)(st_backend *b);
     // The hand-off of one hybrid layer between queued (recordable) device work and a host
     // thread: see st_hand_args. publish (routing first, given the logits) copies the layer's
     // routing and input rows into the host slot, notes whether any chosen expert is missing

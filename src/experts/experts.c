@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,10 @@ struct st_experts {
     int32_t *stage_map_dev;  // (n_expert)
     int32_t *stage_map;      // (n_expert) host
     uint32_t *counts_dev;    // (n_layer, n_expert) routing counted on the device
+    // Adaptive swaps whose weights are still being copied (st_expert_cache_swap_begin): their
+    // incoming experts go live once the copies are done.
+    st_swap pending[64];
+    int n_pending;
     // Which of a layer's experts a step computes: the CPU pool's share (host_moe) and the share
     // streamed to the device (stream_misses); the routed rows of each missed expert.
     uint8_t *take_cpu, *take_gpu; // (n_expert)
@@ -137,6 +142,10 @@ void st_experts_free(st_experts *ex) {
         pthread_mutex_destroy(&ex->mu);
         pthread_cond_destroy(&ex->cv);
     }
+    // Swaps still on their way land first (the placement counts their experts as cached already;
+    // the copies take a few milliseconds at most).
+    while (ex->n_pending && ex->b->ops->h2d_done && !ex->b->ops->h2d_done(ex->b)) sched_yield();
+    for (int i = 0; i < ex->n_pending; i++) st_expert_cache_swap_end(ex->b, ex->p.cache, &ex->pending[i]);
     free_device(ex, ex->b);
     st_free(ex->stage_map);
     st_free(ex->counts);
@@ -572,6 +581,12 @@ static void cached_moe(st_experts *ex, st_backend *b, const st_moe_args *a, uint
 
 static bool layer_hybrid(const st_placement *p, int l) { return p->n_slots[l] < p->n_expert; }
 
+// Whether the device computes expert e of layer l in a window now: its cache's live map (the
+// placement, less the swaps whose copies are on their way).
+static bool on_device(const st_experts *ex, int l, int e) {
+    return ex->p.cache->map_host[(size_t)l * ex->p.placement->n_expert + e] >= 0;
+}
+
 static uint32_t *hand_flag(const st_experts *ex, int l, int which) {
     return (uint32_t *)(ex->hand + (size_t)l * ex->hand_bytes) + which;
 }
@@ -714,11 +729,11 @@ static st_status serve_window(st_experts *ex) {
             continue;
         }
         int miss = 0;
-        for (int i = 0; i < na; i++) miss += ids[i] >= 0 && ids[i] < E && st_placement_get(pl, l, ids[i]) == ST_PLACE_HOST;
+        for (int i = 0; i < na; i++) miss += ids[i] >= 0 && ids[i] < E && !on_device(ex, l, ids[i]);
         ex->stats.hits += (uint64_t)(na - miss);
         ex->stats.misses += (uint64_t)miss;
         const st_expert_weights *ew = &ex->p.arena->w[l];
-        for (int e = 0; e < E; e++) ex->take_cpu[e] = st_placement_get(pl, l, e) == ST_PLACE_HOST;
+        for (int e = 0; e < E; e++) ex->take_cpu[e] = !on_device(ex, l, e);
         if (miss) s = host_moe(ex, ex->b->pool, ew, l, x, ids, w, n, k, ex->take_cpu, y);
         else memset(y, 0, sizeof(float) * (size_t)n * ew->gate.cols);
         ex->stats.cpu_s += st_time_s() - t1;
@@ -798,7 +813,7 @@ static st_status hybrid_sync(st_experts *ex, st_backend *b, const st_moe_args *a
     memset(ex->miss_rows, 0, sizeof(int32_t) * (size_t)E);
     int miss = 0;
     for (int i = 0; i < na; i++)
-        if (h_ids[i] >= 0 && h_ids[i] < E && st_placement_get(pl, l, h_ids[i]) == ST_PLACE_HOST) {
+        if (h_ids[i] >= 0 && h_ids[i] < E && !on_device(ex, l, h_ids[i])) {
             ex->miss_rows[h_ids[i]]++;
             miss++;
         }
@@ -852,14 +867,14 @@ static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *
     b->ops->wait_copies(b);
     count_routing(ex, l, h_ids, na, E);
     int miss = 0;
-    for (int i = 0; i < na; i++) miss += st_placement_get(pl, l, h_ids[i]) == ST_PLACE_HOST;
+    for (int i = 0; i < na; i++) miss += h_ids[i] >= 0 && h_ids[i] < E && !on_device(ex, l, h_ids[i]);
     ex->stats.hits += (uint64_t)(na - miss);
     ex->stats.misses += (uint64_t)miss;
     ex->stats.layers++;
     if (miss) {
         memset(ex->take_gpu, 0, (size_t)E);
         for (int i = 0; i < na; i++)
-            if (h_ids[i] >= 0 && h_ids[i] < E && st_placement_get(pl, l, h_ids[i]) == ST_PLACE_HOST) ex->take_gpu[h_ids[i]] = 1;
+            if (h_ids[i] >= 0 && h_ids[i] < E && !on_device(ex, l, h_ids[i])) ex->take_gpu[h_ids[i]] = 1;
         ST_TRY(stream_misses(ex, b, a, ex->take_gpu));
     }
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
@@ -940,9 +955,19 @@ void st_experts_window_done(st_experts *ex, st_backend *b) {
     }
     st_adapt *ad = ex->p.adapt;
     if (!ad || !ex->p.cache || b->ops->host_memory) return;
-    st_swap sw[64];
-    int ns = st_adapt_window(ad, ex->p.placement, st_experts_counts(ex), sw);
-    for (int i = 0; i < ns; i++) st_expert_cache_swap(b, ex->p.cache, ex->p.placement, ex->p.arena->w, &sw[i]);
+    // The swaps of an earlier decision go live once their copies are done (the device is idle
+    // here: the window synchronized); until then the CPU computes their incoming experts. So a
+    // decision costs the decode a few small map copies, not its experts' weights (at 16 GiB, 30B-A3B:
+    // decode 295-299 tokens/s with the copies waited for, 312 without swaps).
+    if (ex->n_pending && (!b->ops->h2d_done || b->ops->h2d_done(b))) {
+        for (int i = 0; i < ex->n_pending; i++) st_expert_cache_swap_end(b, ex->p.cache, &ex->pending[i]);
+        ex->n_pending = 0;
+    }
+    bool may_swap = ex->n_pending == 0;
+    int ns = st_adapt_window(ad, ex->p.placement, st_experts_counts(ex), may_swap ? ex->pending : NULL, may_swap);
+    if (ns) ex->b = b;
+    for (int i = 0; i < ns; i++) st_expert_cache_swap_begin(b, ex->p.cache, ex->p.arena->w, &ex->pending[i]);
+    if (may_swap) ex->n_pending = ns;
     ex->stats.swaps += (uint64_t)ns;
 }
 

@@ -106,7 +106,8 @@ void st_adapt_free(st_adapt *a);
 // the adapt object takes the difference since its last call. When a decision is due, up to
 // max_swaps swaps are applied to p and written to out (the caller then copies the incoming
 // experts' weights into their slots); returns how many.
-int st_adapt_window(st_adapt *a, st_placement *p, const uint64_t *counts, st_swap *out);
+// may_swap false: the scores only (swaps of an earlier decision are still on their way).
+int st_adapt_window(st_adapt *a, st_placement *p, const uint64_t *counts, st_swap *out, bool may_swap);
 
 // ---------------------------------------------------------------------------------------------
 // ---------------------------------------------------------------------------------------------
@@ -135,7 +136,11 @@ void st_expert_upload(st_backend *b, const st_expert_weights *dst, const st_expe
 typedef struct st_expert_cache {
     int n_layer, n_expert;
     st_expert_weights *slots;     // (n_layer) stacks, n = the layer's slot count (data NULL: none)
-    int32_t *map_dev;             // (n_layer, n_expert) backend memory: the placement's slots
+    int32_t *map_dev;             // (n_layer, n_expert) backend memory: the slots the device uses
+    // (n_layer, n_expert) host memory: map_dev's values, what a window's misses are counted
+    // against. It differs from the placement while a swap's copy is on its way: the placement
+    // has the incoming expert in its slot already, the maps not yet.
+    int32_t *map_host;
     size_t bytes;                 // backend memory held by the stacks
     // Share of a decode window's missed experts streamed to the device and computed there
     // (--pcie-frac); 0: all on the CPU pool, inside the window's recorded graph.
@@ -152,10 +157,14 @@ double st_expert_link_gbs(st_backend *b, bool pinned, size_t total);
 st_status st_expert_cache_create(st_backend *b, const st_placement *p, const st_expert_weights *w,
                                  st_expert_cache **out);
 void st_expert_cache_free(st_backend *b, st_expert_cache *c);
-// Carries out a swap st_adapt_window decided (p already updated): copies the incoming expert's
-// weights into its slot and updates the device map.
-void st_expert_cache_swap(st_backend *b, st_expert_cache *c, const st_placement *p, const st_expert_weights *w,
-                          const st_swap *sw);
+// Carries out a swap st_adapt_window decided (p already updated) in two steps, so decoding
+// never waits for the copy: begin unmaps the leaving expert (from here on the CPU computes it)
+// and starts copying the incoming one's weights into the slot, asynchronously where the backend
+// can (then nothing may read the slot until h2d_done); end maps the incoming expert. Call both
+// between windows. st_expert_cache_swap does both, waiting for the copy.
+void st_expert_cache_swap_begin(st_backend *b, st_expert_cache *c, const st_expert_weights *w, const st_swap *sw);
+void st_expert_cache_swap_end(st_backend *b, st_expert_cache *c, const st_swap *sw);
+void st_expert_cache_swap(st_backend *b, st_expert_cache *c, const st_expert_weights *w, const st_swap *sw);
 
 // Where the CPU reads experts (the arena): the GGUF mapping (page cache), or page-locked copies
 // of whole layers' stacks (faster to stream to the GPU, never evicted by the OS).

@@ -254,7 +254,7 @@ static int decide(st_adapt *a, st_placement *p, st_swap *out) {
 }
 
 // out needs room for max_swaps swaps.
-int st_adapt_window(st_adapt *a, st_placement *p, const uint64_t *counts, st_swap *out) {
+int st_adapt_window(st_adapt *a, st_placement *p, const uint64_t *counts, st_swap *out, bool may_swap) {
     ST_ASSERT(p->n_layer == a->n_layer && p->n_expert == a->n_expert);
     size_t N = (size_t)a->n_layer * a->n_expert;
     for (size_t i = 0; i < N; i++) {
@@ -265,6 +265,6 @@ int st_adapt_window(st_adapt *a, st_placement *p, const uint64_t *counts, st_swa
         a->last[i] = c;
     }
     a->windows++;
-    if (a->every == 0 || a->max_swaps == 0 || a->windows % a->every) return 0;
+    if (!may_swap || a->every == 0 || a->max_swaps == 0 || a->windows % a->every) return 0;
     return decide(a, p, out);
 }

@@ -211,7 +211,7 @@ static double probe_pcie_frac(st_model *m, st_backend *b, const size_t *eb, cons
         if (!eb[l] || p->n_slots[l] >= E) continue;
         double hot = 0, tot = 0;
         for (int e = 0; e < E; e++) {
-            double c = prof ? (double)prof[(size_t)l * E + e] : 1.0;
+            double c = prof ? (double)prof[(size_t)l * E + e] + 1 : 1.0; // + 1: as the arena counts
             tot += c;
             if (st_placement_get(p, l, e) != ST_PLACE_HOST) hot += c;
         }

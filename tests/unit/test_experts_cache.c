@@ -375,7 +375,7 @@ static void test_cache_swap(void **state) {
     uint64_t counts[L * E] = {0};
     counts[1 * E + 2] = 1000;
     st_swap sw[1];
-    assert_int_equal(st_adapt_window(a, f.p, counts, sw), 1);
+    assert_int_equal(st_adapt_window(a, f.p, counts, sw, true), 1);
     assert_int_equal(sw[0].layer, 1);
     assert_int_equal(sw[0].slot, 0);
     assert_int_equal(sw[0].in, 2);
@@ -385,7 +385,7 @@ static void test_cache_swap(void **state) {
     // Before the swap the device map still has the old slots.
     assert_int_equal(c->map_dev[1 * E + 0], 0);
     assert_int_equal(c->map_dev[1 * E + 2], ST_PLACE_HOST);
-    st_expert_cache_swap(f.b, c, f.p, f.w, &sw[0]);
+    st_expert_cache_swap(f.b, c, f.w, &sw[0]);
     assert_int_equal(c->map_dev[1 * E + 2], 0);
     assert_int_equal(c->map_dev[1 * E + 0], ST_PLACE_HOST);
     expect_expert(&c->slots[1], 0, &f.w[1], 2);
@@ -396,7 +396,7 @@ static void test_cache_swap(void **state) {
     st_swap hand = {.layer = 1, .slot = 1, .in = 7, .out = 3};
     f.p->slot[1 * E + 7] = 1;
     f.p->slot[1 * E + 3] = ST_PLACE_HOST;
-    st_expert_cache_swap(f.b, c, f.p, f.w, &hand);
+    st_expert_cache_swap(f.b, c, f.w, &hand);
     assert_int_equal(c->map_dev[1 * E + 7], 1);
     assert_int_equal(c->map_dev[1 * E + 3], ST_PLACE_HOST);
     expect_expert(&c->slots[1], 1, &f.w[1], 7);
@@ -406,7 +406,7 @@ static void test_cache_swap(void **state) {
     hand = (st_swap){.layer = 0, .slot = 2, .in = 7, .out = 5};
     f.p->slot[0 * E + 7] = 2;
     f.p->slot[0 * E + 5] = ST_PLACE_HOST;
-    st_expert_cache_swap(f.b, c, f.p, f.w, &hand);
+    st_expert_cache_swap(f.b, c, f.w, &hand);
     expect_expert(&c->slots[0], 2, &f.w[0], 7);
     expect_cache(c, f.p, f.w);
     st_expert_cache_free(f.b, c);
@@ -427,6 +427,63 @@ static void test_cache_swap(void **state) {
     assert_int_equal(st_expert_cache_create(f.b, f.p, f.w, &c), ST_OK);
     expect_cache(c, f.p, f.w);
     st_expert_cache_free(f.b, c);
+    fixture_free(&f);
+}
+
+// A swap in two steps on a backend whose copies run later (queued by from_host_async, done when
+// the test says): begin unmaps the leaving expert at once and leaves the slot alone until the
+// copy runs; end maps the incoming expert.
+typedef struct pending_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} pending_copy;
+static pending_copy queued[8];
+static int n_queued;
+static void queue_copy(st_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    assert_true(n_queued < 8);
+    queued[n_queued++] = (pending_copy){dst, src, bytes};
+}
+static bool queue_empty(st_backend *b) {
+    (void)b;
+    return n_queued == 0;
+}
+
+static void test_cache_swap_async(void **state) {
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    st_backend_ops ops = *f.b->ops;
+    ops.from_host_async = queue_copy;
+    ops.h2d_done = queue_empty;
+    st_backend fake = *f.b;
+    fake.ops = &ops;
+    st_expert_cache *c;
+    assert_int_equal(st_expert_cache_create(&fake, f.p, f.w, &c), ST_OK);
+    // Layer 1: expert 7 replaces expert 3 in slot 1 (the placement decided so).
+    st_swap sw = {.layer = 1, .slot = 1, .in = 7, .out = 3};
+    f.p->slot[1 * E + 7] = 1;
+    f.p->slot[1 * E + 3] = ST_PLACE_HOST;
+    expect_expert(&c->slots[1], 1, &f.w[1], 3);
+    n_queued = 0;
+    st_expert_cache_swap_begin(&fake, c, f.w, &sw);
+    assert_int_equal(c->map_dev[1 * E + 3], ST_PLACE_HOST);
+    assert_int_equal(c->map_host[1 * E + 3], ST_PLACE_HOST);
+    assert_int_equal(c->map_dev[1 * E + 7], ST_PLACE_HOST); // not live before its copy is done
+    assert_int_equal(c->map_host[1 * E + 7], ST_PLACE_HOST);
+    assert_int_equal(n_queued, 3);                          // gate, up, down, none run yet
+    expect_expert(&c->slots[1], 1, &f.w[1], 3);
+    assert_false(ops.h2d_done(&fake));
+    for (int i = 0; i < n_queued; i++) memcpy(queued[i].dst, queued[i].src, queued[i].bytes);
+    n_queued = 0;
+    st_expert_cache_swap_end(&fake, c, &sw);
+    assert_int_equal(c->map_dev[1 * E + 7], 1);
+    assert_int_equal(c->map_host[1 * E + 7], 1);
+    expect_expert(&c->slots[1], 1, &f.w[1], 7);
+    expect_cache(c, f.p, f.w);
+    for (size_t i = 0; i < (size_t)L * E; i++) assert_int_equal(c->map_host[i], c->map_dev[i]);
+    st_expert_cache_free(&fake, c);
     fixture_free(&f);
 }
 
@@ -573,18 +630,27 @@ static void test_arena_resident(void **state) {
     st_expert_arena_free(&fake, a);
     assert_int_equal(host_allocs, 0);
 
-    // With the counts, only routing to uncached experts makes a layer worth copying: the fixture
-    // routes to cached experts only, so give one uncached expert of layer 0 some routing.
+    // With the counts, routing to uncached experts ranks the layers: the fixture routes to cached
+    // experts only, so give one uncached expert of layer 0 some routing; room for one layer.
     uint64_t counts[L * E];
     memcpy(counts, f.counts, sizeof counts);
     counts[0 * E + 0] = 7; // expert 0 of layer 0 is not cached
     assert_int_equal(st_placement_get(f.p, 0, 0), ST_PLACE_HOST);
-    assert_int_equal(st_expert_arena_create(&fake, f.p, f.w, counts, (size_t)1 << 40, &a), ST_OK);
+    assert_int_equal(st_expert_arena_create(&fake, f.p, f.w, counts, b0, &a), ST_OK);
     assert_int_equal(host_allocs, 1);
     assert_true(a->resident_bytes == b0);
     assert_non_null(a->resident[0]);
     for (int e = 0; e < E; e++) expect_expert(&a->w[0], e, &f.w[0], e);
     for (int l = 1; l < L; l++) expect_arena_mapping(a, f.w, l);
+    st_expert_arena_free(&fake, a);
+    assert_int_equal(host_allocs, 0);
+
+    // Counts that see none of the uncached experts (the cache holds all the profile saw): every
+    // layer with uncached experts still becomes resident when there is room.
+    assert_int_equal(st_expert_arena_create(&fake, f.p, f.w, f.counts, (size_t)1 << 40, &a), ST_OK);
+    for (int l = 0; l < L; l++)
+        if (f.p->n_slots[l] < E && (f.w[l].gate.data || f.w[l].gate.n)) assert_non_null(a->resident[l]);
+    assert_true(a->resident_bytes > 0);
     st_expert_arena_free(&fake, a);
     assert_int_equal(host_allocs, 0);
 
@@ -653,7 +719,7 @@ int main(void) {
         cmocka_unit_test(test_stack_upload),
         cmocka_unit_test(test_merged_gate_up),
         cmocka_unit_test(test_cache_create),
-        cmocka_unit_test(test_cache_swap),
+        cmocka_unit_test(test_cache_swap), cmocka_unit_test(test_cache_swap_async),
         cmocka_unit_test(test_cache_out_of_memory),
         cmocka_unit_test(test_arena_cpu_backend),
         cmocka_unit_test(test_arena_resident),

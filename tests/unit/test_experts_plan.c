@@ -451,7 +451,7 @@ static void converge(int max_swaps, int every) {
             w[i] = e >= 20 && e < 28 ? 8 + rnd() % 5 : rnd() % 3; // hot, or a little noise
         }
         add(c, w, L * E);
-        int n = st_adapt_window(a, p, c, sw);
+        int n = st_adapt_window(a, p, c, sw, true);
         assert_true(n >= 0 && n <= max_swaps);
         if (win % every != every - 1) assert_int_equal(n, 0); // decisions only every `every` windows
         for (int i = 0; i < n; i++) {
@@ -498,7 +498,7 @@ static void test_adapt_every_zero_never_swaps(void **state) {
     st_swap sw[8];
     for (int win = 0; win < 100; win++) {
         c[15] += 1000;
-        assert_int_equal(st_adapt_window(a, p, c, sw), 0);
+        assert_int_equal(st_adapt_window(a, p, c, sw, true), 0);
     }
     assert_memory_equal(p->slot, before, sizeof before);
     st_adapt_free(a);
@@ -506,7 +506,7 @@ static void test_adapt_every_zero_never_swaps(void **state) {
     assert_int_equal(st_adapt_create(p, 1, 0, 0.5, NULL, &a), ST_OK);
     for (int win = 0; win < 10; win++) {
         c[15] += 1000;
-        assert_int_equal(st_adapt_window(a, p, c, NULL), 0);
+        assert_int_equal(st_adapt_window(a, p, c, NULL, true), 0);
     }
     assert_memory_equal(p->slot, before, sizeof before);
     st_adapt_free(a);
@@ -528,13 +528,13 @@ static void test_adapt_hysteresis(void **state) {
         bool one_hotter = (win / 10) % 2 == 0; // 10 windows each way
         c[0] += one_hotter ? 10 : 12;
         c[1] += one_hotter ? 12 : 10;
-        assert_int_equal(st_adapt_window(a, p, c, sw), 0);
+        assert_int_equal(st_adapt_window(a, p, c, sw, true), 0);
         assert_true(cached(p, 0, 0));
     }
     for (int win = 0; win < 5; win++) {
         c[0] += 10;
         c[1] += 30;
-        st_adapt_window(a, p, c, sw);
+        st_adapt_window(a, p, c, sw, true);
     }
     assert_true(cached(p, 0, 1) && !cached(p, 0, 0));
     assert_int_equal(st_placement_get(p, 0, 1), 0);
@@ -544,7 +544,19 @@ static void test_adapt_hysteresis(void **state) {
     assert_int_equal(st_adapt_create(p, 1, 4, 1.0, NULL, &a), ST_OK);
     c[0] = c[1] = 0;
     c[1] = 1;
-    assert_int_equal(st_adapt_window(a, p, c, sw), 0);
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 0);
+    st_adapt_free(a);
+    // While an earlier decision's copies are on their way (may_swap false) the scores still move
+    // but nothing is decided; the next decision window swaps.
+    st_placement_plan(p, NULL, bytes, 1);
+    assert_int_equal(st_adapt_create(p, 2, 4, 1.0, NULL, &a), ST_OK);
+    c[0] = 0, c[1] = 100;
+    assert_int_equal(st_adapt_window(a, p, c, sw, false), 0);
+    assert_int_equal(st_adapt_window(a, p, c, sw, false), 0); // a decision window, held
+    assert_true(cached(p, 0, 0));
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 0);  // not a decision window
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 1);
+    assert_true(cached(p, 0, 1) && !cached(p, 0, 0));
     st_adapt_free(a);
     st_placement_free(p);
 }
@@ -564,7 +576,7 @@ static void test_adapt_max_swaps(void **state) {
         c[l * E + 7] = 100 * (l + 1) + 10;
     }
     st_swap sw[3];
-    assert_int_equal(st_adapt_window(a, p, c, sw), 3);
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 3);
     // Layer 3: 7 (410) and 6 (400) replace 0 and 1; then layer 2's 7 (310) replaces 0.
     assert_int_equal(sw[0].layer, 3);
     assert_int_equal(sw[0].in, 7);
@@ -579,11 +591,11 @@ static void test_adapt_max_swaps(void **state) {
     assert_int_equal(sw[2].out, 0);
     check_slots(p);
     // The next windows (no new routing) finish the job, 3 at a time at most.
-    int n2 = st_adapt_window(a, p, c, sw);
-    int n3 = st_adapt_window(a, p, c, sw);
+    int n2 = st_adapt_window(a, p, c, sw, true);
+    int n3 = st_adapt_window(a, p, c, sw, true);
     assert_int_equal(n2, 3);
     assert_int_equal(n3, 2);
-    assert_int_equal(st_adapt_window(a, p, c, sw), 0);
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 0);
     for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++) assert_int_equal(cached(p, l, e), e >= 6);
     st_adapt_free(a);
@@ -602,14 +614,14 @@ static void test_adapt_prior_and_restart(void **state) {
     assert_int_equal(st_adapt_create(p, 1, 4, 1.0, prior, &a), ST_OK);
     uint64_t c[E] = {0};
     st_swap sw[4];
-    assert_int_equal(st_adapt_window(a, p, c, sw), 1);
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 1);
     assert_int_equal(sw[0].in, 5);
     assert_int_equal(sw[0].out, 0);
     // Cumulative counts 1000 for expert 3, then a restarted counter at 900: 1900 in all.
     c[3] = 1000;
-    st_adapt_window(a, p, c, sw);
+    st_adapt_window(a, p, c, sw, true);
     c[3] = 900;
-    assert_int_equal(st_adapt_window(a, p, c, sw), 0);
+    assert_int_equal(st_adapt_window(a, p, c, sw, true), 0);
     assert_true(cached(p, 0, 3) && cached(p, 0, 5));
     st_adapt_free(a);
     st_placement_free(p);
@@ -638,7 +650,7 @@ static void test_adapt_slot_reuse(void **state) {
         for (int i = 0; i < L * E; i++) c[i] += (i * 7 + phase * 5) % E < 6 ? 20 + rnd() % 10 : rnd() % 4;
         int32_t before[L * E];
         memcpy(before, p->slot, sizeof before);
-        int n = st_adapt_window(a, p, c, sw);
+        int n = st_adapt_window(a, p, c, sw, true);
         assert_true(n >= 0 && n <= 5);
         total += n;
         for (int i = 0; i < n; i++) {

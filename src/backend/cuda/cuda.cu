@@ -106,6 +106,22 @@ static void cuda_to_host(st_backend *b, void *host, const void *src, size_t byte
     ST_CU(c, cudaStreamSynchronize(c->stream));
 }
 
+static void cuda_from_host_async(st_backend *b, void *dst, const void *host, size_t bytes) {
+    st_cuda *c = st_cuda_of(b);
+    ST_CU(c, cudaEventRecord(c->h2d_start, c->stream));
+    ST_CU(c, cudaStreamWaitEvent(c->h2d, c->h2d_start, 0));
+    ST_CU(c, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->h2d));
+    ST_CU(c, cudaEventRecord(c->h2d_end, c->h2d));
+}
+
+static bool cuda_h2d_done(st_backend *b) {
+    st_cuda *c = st_cuda_of(b);
+    cudaError_t e = cudaEventQuery(c->h2d_end);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) st_cuda_fail(c, e, "cudaEventQuery(h2d_end)", __FILE__, __LINE__);
+    return true;
+}
+
 static void cuda_from_host(st_backend *b, void *dst, const void *host, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
     ST_CU(c, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream));
@@ -139,6 +155,11 @@ static void cuda_to_host_async(st_backend *b, void *host, const void *src, size_
 static void cuda_wait_copies(st_backend *b) {
     st_cuda *c = st_cuda_of(b);
     ST_CU(c, cudaEventSynchronize(c->copies));
+}
+
+static bool env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
 }
 
 // The hybrid hand-off. The slot is mapped host memory (with unified addressing its host
@@ -232,10 +253,13 @@ static void cuda_hand_publish(st_backend *b, const st_hand_args *h) {
     ST_CU_LAUNCHED(c, "hand_publish_kernel");
 }
 
+// STRATA_HAND_NOCOLLECT=1 leaves the collect kernel out (the host's rows are not added; a
+// measuring aid like STRATA_CUDA_SKIP: what the launch and the waits for the host cost a step).
 static void cuda_hand_collect(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
     if (c->joining) ST_CU(c, cudaStreamWaitEvent(c->stream, c->join, 0)); // publish on the side stream
     c->joining = false;
+    if (env_is("STRATA_HAND_NOCOLLECT", "1")) return;
     st_launch(c, hand_collect_kernel, 1, 1024, 0, *h);
     ST_CU_LAUNCHED(c, "hand_collect_kernel");
 }
@@ -283,11 +307,6 @@ typedef struct cuda_graph {
     unsigned gen;   // scratch generation it was recorded with
     int runs;       // eager runs so far
 } cuda_graph;
-
-static bool env_is(const char *name, const char *value) {
-    const char *v = getenv(name);
-    return v && !strcmp(v, value);
-}
 
 static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
     st_cuda *c = st_cuda_of(b);
@@ -356,6 +375,9 @@ static void cuda_destroy(st_backend *b) {
     if (c->fork) cudaEventDestroy(c->fork);
     if (c->join) cudaEventDestroy(c->join);
     if (c->side) cudaStreamDestroy(c->side);
+    if (c->h2d) cudaStreamSynchronize(c->h2d), cudaStreamDestroy(c->h2d);
+    if (c->h2d_start) cudaEventDestroy(c->h2d_start);
+    if (c->h2d_end) cudaEventDestroy(c->h2d_end);
     if (c->stream) cudaStreamDestroy(c->stream);
     st_pool_free(b->pool);
     st_free(b->scratch);
@@ -406,6 +428,8 @@ static const st_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .to_host_async = cuda_to_host_async,
     .wait_copies = cuda_wait_copies,
+    .from_host_async = cuda_from_host_async,
+    .h2d_done = cuda_h2d_done,
     .hand_publish = cuda_hand_publish,
     .hand_collect = cuda_hand_collect,
 };
@@ -531,6 +555,9 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->h2d_start, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->h2d_end, cudaEventDisableTiming);
     if (e != cudaSuccess) s = st_fail(ST_ERR_IO, "GPU %d: cannot start: %s", device, cudaGetErrorString(e));
     if (!s && cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS)
         s = st_fail(ST_ERR_IO, "GPU %d: cannot start cuBLAS", device);

@@ -42,6 +42,10 @@ typedef struct st_cuda {
     cudaStream_t side;
     cudaEvent_t fork, join;
     bool joining;                // a publish on side that collect has not joined yet
+    // from_host_async's copies (adaptive expert swaps) run on h2d, after the work queued on
+    // stream before each (h2d_start); h2d_end marks the last one.
+    cudaStream_t h2d;
+    cudaEvent_t h2d_start, h2d_end;
     unsigned scratch_gen;        // bumped when a scratch buffer moves: older recordings are stale
     void *scratch[ST_SCR_COUNT];
     size_t scratch_bytes[ST_SCR_COUNT];
