@@ -145,16 +145,22 @@ static void swap_begin(st_backend *b, st_expert_cache *c, const st_expert_weight
 }
 
 void st_expert_cache_swap_begin(st_backend *b, st_expert_cache *c, const st_expert_weights *w, const st_swap *sw) {
+    ST_ASSERT(c->n_pending < (int)(sizeof c->pending / sizeof c->pending[0]));
     swap_begin(b, c, w, sw, b->ops->from_host_async != NULL);
+    c->pending[c->n_pending++] = *sw;
 }
 
-void st_expert_cache_swap_end(st_backend *b, st_expert_cache *c, const st_swap *sw) {
-    set_map(b, c, sw->layer, sw->in, sw->slot);
+bool st_expert_cache_land(st_backend *b, st_expert_cache *c) {
+    if (!c->n_pending) return true;
+    if (b->ops->h2d_done && !b->ops->h2d_done(b)) return false;
+    for (int i = 0; i < c->n_pending; i++) set_map(b, c, c->pending[i].layer, c->pending[i].in, c->pending[i].slot);
+    c->n_pending = 0;
+    return true;
 }
 
 void st_expert_cache_swap(st_backend *b, st_expert_cache *c, const st_expert_weights *w, const st_swap *sw) {
     swap_begin(b, c, w, sw, false);
-    st_expert_cache_swap_end(b, c, sw);
+    set_map(b, c, sw->layer, sw->in, sw->slot);
 }
 
 double st_expert_link_gbs(st_backend *b, bool pinned, size_t total) {

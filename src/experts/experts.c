@@ -5,7 +5,6 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,10 +57,6 @@ struct st_experts {
     int32_t *stage_map_dev;  // (n_expert)
     int32_t *stage_map;      // (n_expert) host
     uint32_t *counts_dev;    // (n_layer, n_expert) routing counted on the device
-    // Adaptive swaps whose weights are still being copied (st_expert_cache_swap_begin): their
-    // incoming experts go live once the copies are done.
-    st_swap pending[64];
-    int n_pending;
     // Which of a layer's experts a step computes: the CPU pool's share (host_moe) and the share
     // streamed to the device (stream_misses); the routed rows of each missed expert.
     uint8_t *take_cpu, *take_gpu; // (n_expert)
@@ -142,10 +137,6 @@ void st_experts_free(st_experts *ex) {
         pthread_mutex_destroy(&ex->mu);
         pthread_cond_destroy(&ex->cv);
     }
-    // Swaps still on their way land first (the placement counts their experts as cached already;
-    // the copies take a few milliseconds at most).
-    while (ex->n_pending && ex->b->ops->h2d_done && !ex->b->ops->h2d_done(ex->b)) sched_yield();
-    for (int i = 0; i < ex->n_pending; i++) st_expert_cache_swap_end(ex->b, ex->p.cache, &ex->pending[i]);
     free_device(ex, ex->b);
     st_free(ex->stage_map);
     st_free(ex->counts);
@@ -959,15 +950,13 @@ void st_experts_window_done(st_experts *ex, st_backend *b) {
     // here: the window synchronized); until then the CPU computes their incoming experts. So a
     // decision costs the decode a few small map copies, not its experts' weights (at 16 GiB, 30B-A3B:
     // decode 295-299 tokens/s with the copies waited for, 312 without swaps).
-    if (ex->n_pending && (!b->ops->h2d_done || b->ops->h2d_done(b))) {
-        for (int i = 0; i < ex->n_pending; i++) st_expert_cache_swap_end(b, ex->p.cache, &ex->pending[i]);
-        ex->n_pending = 0;
-    }
-    bool may_swap = ex->n_pending == 0;
-    int ns = st_adapt_window(ad, ex->p.placement, st_experts_counts(ex), may_swap ? ex->pending : NULL, may_swap);
-    if (ns) ex->b = b;
-    for (int i = 0; i < ns; i++) st_expert_cache_swap_begin(b, ex->p.cache, ex->p.arena->w, &ex->pending[i]);
-    if (may_swap) ex->n_pending = ns;
+    // (The pending swaps belong to the cache, which every session of the model shares.)
+    st_expert_cache *c = ex->p.cache;
+    bool idle = st_expert_cache_land(b, c);
+    st_swap sw[64];
+    int ns = st_adapt_window(ad, ex->p.placement, st_experts_counts(ex), sw, idle);
+    for (int i = 0; i < ns; i++) st_expert_cache_swap_begin(b, c, ex->p.arena->w, &sw[i]);
+    st_expert_cache_land(b, c); // at once where the copies were waited for
     ex->stats.swaps += (uint64_t)ns;
 }
 

@@ -141,6 +141,10 @@ typedef struct st_expert_cache {
     // against. It differs from the placement while a swap's copy is on its way: the placement
     // has the incoming expert in its slot already, the maps not yet.
     int32_t *map_host;
+    // Swaps begun whose copies may still be on their way, for every session that uses the cache:
+    // they go live at a window boundary after the copies are done (st_expert_cache_land).
+    st_swap pending[64];
+    int n_pending;
     size_t bytes;                 // backend memory held by the stacks
     // Share of a decode window's missed experts streamed to the device and computed there
     // (--pcie-frac); 0: all on the CPU pool, inside the window's recorded graph.
@@ -160,10 +164,12 @@ void st_expert_cache_free(st_backend *b, st_expert_cache *c);
 // Carries out a swap st_adapt_window decided (p already updated) in two steps, so decoding
 // never waits for the copy: begin unmaps the leaving expert (from here on the CPU computes it)
 // and starts copying the incoming one's weights into the slot, asynchronously where the backend
-// can (then nothing may read the slot until h2d_done); end maps the incoming expert. Call both
-// between windows. st_expert_cache_swap does both, waiting for the copy.
+// can (nothing reads the slot meanwhile), and adds the swap to c->pending; land maps the pending
+// swaps' incoming experts once the backend says their copies are done (h2d_done; at once without
+// it) and returns whether none is pending any more. Call both between windows. (At most 64
+// pending.) st_expert_cache_swap does a swap whole, waiting for its copy.
 void st_expert_cache_swap_begin(st_backend *b, st_expert_cache *c, const st_expert_weights *w, const st_swap *sw);
-void st_expert_cache_swap_end(st_backend *b, st_expert_cache *c, const st_swap *sw);
+bool st_expert_cache_land(st_backend *b, st_expert_cache *c);
 void st_expert_cache_swap(st_backend *b, st_expert_cache *c, const st_expert_weights *w, const st_swap *sw);
 
 // Where the CPU reads experts (the arena): the GGUF mapping (page cache), or page-locked copies

@@ -432,7 +432,7 @@ static void test_cache_swap(void **state) {
 
 // A swap in two steps on a backend whose copies run later (queued by from_host_async, done when
 // the test says): begin unmaps the leaving expert at once and leaves the slot alone until the
-// copy runs; end maps the incoming expert.
+// copy runs; land maps the incoming expert only once the copies are done.
 typedef struct pending_copy {
     void *dst;
     const void *src;
@@ -467,17 +467,21 @@ static void test_cache_swap_async(void **state) {
     f.p->slot[1 * E + 3] = ST_PLACE_HOST;
     expect_expert(&c->slots[1], 1, &f.w[1], 3);
     n_queued = 0;
+    assert_true(st_expert_cache_land(&fake, c)); // nothing pending
     st_expert_cache_swap_begin(&fake, c, f.w, &sw);
+    assert_int_equal(c->n_pending, 1);
     assert_int_equal(c->map_dev[1 * E + 3], ST_PLACE_HOST);
     assert_int_equal(c->map_host[1 * E + 3], ST_PLACE_HOST);
     assert_int_equal(c->map_dev[1 * E + 7], ST_PLACE_HOST); // not live before its copy is done
     assert_int_equal(c->map_host[1 * E + 7], ST_PLACE_HOST);
     assert_int_equal(n_queued, 3);                          // gate, up, down, none run yet
     expect_expert(&c->slots[1], 1, &f.w[1], 3);
-    assert_false(ops.h2d_done(&fake));
+    assert_false(st_expert_cache_land(&fake, c)); // the copies are still queued: nothing changes
+    assert_int_equal(c->map_host[1 * E + 7], ST_PLACE_HOST);
     for (int i = 0; i < n_queued; i++) memcpy(queued[i].dst, queued[i].src, queued[i].bytes);
     n_queued = 0;
-    st_expert_cache_swap_end(&fake, c, &sw);
+    assert_true(st_expert_cache_land(&fake, c));
+    assert_int_equal(c->n_pending, 0);
     assert_int_equal(c->map_dev[1 * E + 7], 1);
     assert_int_equal(c->map_host[1 * E + 7], 1);
     expect_expert(&c->slots[1], 1, &f.w[1], 7);
