@@ -134,6 +134,15 @@ static uint8_t *make_weights(st_type t, int64_t rows, int64_t cols, bool random_
     return w;
 }
 
+// make_weights' matrix uploaded to the GPU (quantized from normal values).
+static st_mat device_weights(st_type t, int64_t rows, int64_t cols) {
+    uint8_t *w = make_weights(t, rows, cols, false);
+    st_mat m = {t, cols, rows, st_row_bytes(t, cols), gpu->ops->upload(gpu, w, st_row_bytes(t, cols) * (size_t)rows)};
+    free(w);
+    if (!m.data) fail_msg("upload failed: %s", st_error());
+    return m;
+}
+
 static const st_type ALL_TYPES[] = {
     ST_TYPE_Q8_0,   ST_TYPE_Q4_K,   ST_TYPE_Q5_K,   ST_TYPE_Q6_K,    ST_TYPE_IQ4_XS, ST_TYPE_IQ3_XXS,
     ST_TYPE_IQ3_S,  ST_TYPE_IQ2_XS, ST_TYPE_Q4_0,   ST_TYPE_F16,     ST_TYPE_BF16,   ST_TYPE_F32,
@@ -288,16 +297,10 @@ static void test_matmul_many(void **state) {
         float *y1[3], *y2[3];
         int nmax = ns[sizeof ns / sizeof ns[0] - 1];
         for (int i = 0; i < 3; i++) {
-            st_type t = sets[si].t[i];
-            int64_t rows = sets[si].rows[i];
-            uint8_t *w = make_weights(t, rows, cols, false);
-            void *wd = gpu->ops->upload(gpu, w, st_row_bytes(t, cols) * (size_t)rows);
-            if (!wd) fail_msg("upload failed: %s", st_error());
-            free(w);
-            m[i] = (st_mat){t, cols, rows, st_row_bytes(t, cols), wd};
+            m[i] = device_weights(sets[si].t[i], sets[si].rows[i], cols);
             mp[i] = &m[i];
-            y1[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
-            y2[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+            y1[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * m[i].rows);
+            y2[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * m[i].rows);
         }
         float *x = rand_normal((size_t)nmax * cols, 1.0f), *xd = dev_put(x, sizeof(float) * (size_t)nmax * cols);
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
@@ -349,16 +352,10 @@ static void test_norm_matmul(void **state) {
         const st_mat *mp[3];
         float *ya[3], *yb[3];
         for (int i = 0; i < nw; i++) {
-            st_type t = sets[si].t[i];
-            int64_t rows = sets[si].rows[i];
-            uint8_t *w = make_weights(t, rows, d, false);
-            void *wd = gpu->ops->upload(gpu, w, st_row_bytes(t, d) * (size_t)rows);
-            if (!wd) fail_msg("upload failed: %s", st_error());
-            free(w);
-            m[i] = (st_mat){t, d, rows, st_row_bytes(t, d), wd};
+            m[i] = device_weights(sets[si].t[i], sets[si].rows[i], d);
             mp[i] = &m[i];
-            ya[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
-            yb[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * rows);
+            ya[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * m[i].rows);
+            yb[i] = dev_put(NULL, sizeof(float) * (size_t)nmax * m[i].rows);
         }
         size_t sz = (size_t)nmax * d;
         float *x = rand_normal(sz, 1.0f), *y = rand_normal(sz, 1.0f), *g = rand_normal((size_t)d, 0.3f);
