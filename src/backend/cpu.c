@@ -550,14 +550,32 @@ static void cpu_moe_route(st_backend *b, const float *logits, int n, int n_exper
     st_moe_route(logits, n, n_expert, k, ids, weights);
 }
 
-static void cpu_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
-    (void)b;
-    for (int i = 0; i < n; i++) {
-        const float *r = x + (size_t)i * d;
+// The index `for (j) if (r[j] > r[best]) best = j` finds (the first of the largest values; a NaN
+// only from r[0]), in two passes the compiler vectorizes: the largest value over eight lanes,
+// then its first position. The plain loop reloads r[best] each step, a chain of dependent loads:
+// 0.4-0.5 ms a token over a 151,936-word vocabulary on the 2-thread Xeon VM.
+static int argmax_row(const float *restrict r, int d) {
+    if (d < 8 || r[0] != r[0]) {
         int best = 0;
         for (int j = 1; j < d; j++) best = r[j] > r[best] ? j : best;
-        ids[i] = best;
+        return best;
     }
+    float m[8]; // from r[0], not a NaN: a NaN never enters a lane
+    for (int j = 0; j < 8; j++) m[j] = r[0];
+    int i = 0;
+    for (; i + 8 <= d; i += 8)
+        for (int j = 0; j < 8; j++) m[j] = r[i + j] > m[j] ? r[i + j] : m[j];
+    for (; i < d; i++) m[0] = r[i] > m[0] ? r[i] : m[0];
+    float mx = m[0];
+    for (int j = 1; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
+    int best = 0;
+    while (!(r[best] == mx)) best++; // mx is one of the values (r[0] is not a NaN)
+    return best;
+}
+
+static void cpu_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
+    (void)b;
+    for (int i = 0; i < n; i++) ids[i] = argmax_row(x + (size_t)i * d, d);
 }
 
 static st_status cpu_sync(st_backend *b) {

@@ -42,7 +42,8 @@ struct st_state {
     float *weights;           // (n_batch, k)
     int32_t *tok_ids;         // (n_batch) the rows' tokens
     int32_t *kv_pos;          // (1) the first row's cache position (graph replays read it here)
-    float *logits;            // (HEAD_ROWS, n_vocab) head output on backends without host memory
+    float *logits;            // (HEAD_ROWS, n_vocab) head output on backends without host memory;
+                              // (1, n_vocab) on host memory, the row whose argmax alone is wanted
     int32_t *best;            // (HEAD_ROWS) their argmax
     void *graphs[3][ST_GRAPH_ROWS + 1]; // recordings per (logits wanted: none / last / all, rows)
 };
@@ -193,7 +194,7 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     s->pos_ids = take(s, sizeof(int32_t) * nb, &err);
     s->tok_ids = take(s, sizeof(int32_t) * nb, &err);
     s->kv_pos = take(s, sizeof(int32_t), &err);
-    if (!b->ops->host_memory) s->logits = take(s, sizeof(float) * HEAD_ROWS * (size_t)hp->n_vocab, &err);
+    s->logits = take(s, sizeof(float) * (b->ops->host_memory ? 1 : HEAD_ROWS) * (size_t)hp->n_vocab, &err);
     s->best = take(s, sizeof(int32_t) * HEAD_ROWS, &err);
     if (err) {
         st_state_free(s);
@@ -359,13 +360,11 @@ static void head(st_state *s, int n, const st_forward_out *out, bool done) {
     for (int r = first; r < n; r += HEAD_ROWS) {
         int e = r + HEAD_ROWS < n ? r + HEAD_ROWS : n;
         float *dst = s->logits;
-        if (!s->logits) { // host memory, ids only: the rows one at a time
-            float *row = st_alloc(sizeof(float) * (size_t)V);
-            for (int i = r; i < e && row; i++) {
-                head_logits(s, i, i + 1, row);
-                OP(argmax, row, 1, V, out->argmax + (i - first));
+        if (s->b->ops->host_memory) { // ids only: the rows one at a time, each into s->logits
+            for (int i = r; i < e; i++) {
+                head_logits(s, i, i + 1, dst);
+                OP(argmax, dst, 1, V, out->argmax + (i - first));
             }
-            st_free(row);
             continue;
         }
         if (!done) head_logits(s, r, e, dst);
