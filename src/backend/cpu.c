@@ -39,30 +39,36 @@ static void *scratch_get(st_backend *b, size_t bytes) {
     return b->scratch;
 }
 
-// x quantized to w's dot type in the scratch; `have` (or NULL): w's type and width whose rows
-// are already there, so the products of one input with several matrices quantize it once.
-static const char *quantized_input(st_backend *b, const st_mat *w, const float *x, int n, const st_mat *have) {
-    st_type dt = st_type_get(w->type)->dot_type;
-    size_t xs = st_row_bytes(dt, w->cols);
-    char *xq = scratch_get(b, xs * (size_t)n);
-    if (have && st_type_get(have->type)->dot_type == dt && have->cols == w->cols) return xq;
-    for (int i = 0; i < n; i++) st_quantize(dt, x + (size_t)i * w->cols, xq + i * xs, w->cols);
-    return xq;
-}
 
-static void cpu_product(st_backend *b, const st_mat *w, const char *xq, int n, float *y) {
-    size_t xs = st_row_bytes(st_type_get(w->type)->dot_type, w->cols);
-    st_matmul_args a = {.type = w->type, .w = w->data, .n = w->cols, .rows = w->rows,
-                        .x = xq, .x_stride = xs, .nx = n, .y = y, .ldy = w->rows};
-    st_matmul(b->pool, &a);
+// The products of one input as one pool run (st_matmul_many). x is quantized once per activation
+// type and width the matrices take, each copy in its own part of the scratch.
+static void cpu_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
+    ST_ASSERT(nw >= 1 && nw <= ST_MATMUL_MANY);
+    size_t off[ST_MATMUL_MANY], xs[ST_MATMUL_MANY], bytes = 0;
+    int same[ST_MATMUL_MANY]; // the first matrix whose copy of x this one uses
+    for (int i = 0; i < nw; i++) {
+        st_type dt = st_type_get(w[i]->type)->dot_type;
+        xs[i] = st_row_bytes(dt, w[i]->cols);
+        same[i] = i;
+        for (int j = 0; j < i && same[i] == i; j++)
+            if (st_type_get(w[j]->type)->dot_type == dt && w[j]->cols == w[i]->cols) same[i] = j;
+        off[i] = same[i] < i ? off[same[i]] : bytes;
+        if (same[i] == i) bytes += (xs[i] * (size_t)n + 63) / 64 * 64;
+    }
+    char *xq = scratch_get(b, bytes);
+    st_matmul_args a[ST_MATMUL_MANY];
+    for (int i = 0; i < nw; i++) {
+        st_type dt = st_type_get(w[i]->type)->dot_type;
+        if (same[i] == i)
+            for (int r = 0; r < n; r++) st_quantize(dt, x + (size_t)r * w[i]->cols, xq + off[i] + r * xs[i], w[i]->cols);
+        a[i] = (st_matmul_args){.type = w[i]->type, .w = w[i]->data, .n = w[i]->cols, .rows = w[i]->rows,
+                                .x = xq + off[i], .x_stride = xs[i], .nx = n, .y = y[i], .ldy = w[i]->rows};
+    }
+    st_matmul_many(b->pool, nw, a);
 }
 
 static void cpu_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
-    cpu_product(b, w, quantized_input(b, w, x, n, NULL), n, y);
-}
-
-static void cpu_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
-    for (int i = 0; i < nw; i++) cpu_product(b, w[i], quantized_input(b, w[i], x, n, i > 0 ? w[i - 1] : NULL), n, y[i]);
+    cpu_matmul_many(b, 1, &w, x, n, &y);
 }
 
 static void cpu_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) {

@@ -175,10 +175,14 @@ typedef struct mm_job {
     int64_t chunk; // rows per work item
 } mm_job;
 
+// The products of one pool run. Work items are chunks of a product's rows, numbered product
+// after product: item t is in job p when first[p] <= t < first[p + 1].
 typedef struct mm_ctx {
-    mm_job job;
+    int n_jobs;
+    mm_job job[ST_MATMUL_MANY];
+    int64_t first[ST_MATMUL_MANY + 1];
     // On its own cache line: every claim writes it, and the job fields are read all the time.
-    _Alignas(64) _Atomic int64_t next; // first row not yet claimed
+    _Alignas(64) _Atomic int64_t next; // first item not yet claimed
     char pad[64 - sizeof(int64_t)];
 } mm_ctx;
 
@@ -262,22 +266,27 @@ static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
     else mm_rows_multi(j, r0, r1);
 }
 
-// Thread ith first takes chunk ith, then claims further chunks from a shared counter: on shared
+// Thread ith first takes item ith, then claims further items from a shared counter: on shared
 // or virtual machines a thread can be descheduled for a while, and with a purely static split
-// every call would wait for the slowest thread.
+// every call would wait for the slowest thread. A thread's items only go forward, product after
+// product, so it moves to the next product without waiting for the others.
 static void mm_task(void *ctx, int ith, int nth) {
     mm_ctx *c = ctx;
-    const mm_job j = c->job; // a private copy: the calls below cannot make us re-read c
-    int64_t rows = j.a.rows;
-    int64_t r0 = (int64_t)ith * j.chunk;
-    while (r0 < rows) {
-        mm_rows(&j, r0, r0 + j.chunk < rows ? r0 + j.chunk : rows);
-        r0 = atomic_fetch_add_explicit(&c->next, j.chunk, memory_order_relaxed);
+    int p = -1;
+    mm_job j; // a private copy of the current job: the calls below cannot make us re-read c
+    for (int64_t t = ith; t < c->first[c->n_jobs]; t = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) {
+        if (p < 0 || t >= c->first[p + 1]) {
+            while (t >= c->first[p + 1]) p++;
+            j = c->job[p];
+        }
+        int64_t r0 = (t - c->first[p]) * j.chunk;
+        mm_rows(&j, r0, r0 + j.chunk < j.a.rows ? r0 + j.chunk : j.a.rows);
     }
     (void)nth;
 }
 
-void st_matmul(st_pool *pool, const st_matmul_args *args) {
+// The job of one product, its chunk size left to the caller.
+static mm_job mm_job_make(const st_matmul_args *args) {
     ST_ASSERT((unsigned)args->type < ST_TYPE_COUNT);
     ST_ASSERT(args->nx >= 1 && args->rows >= 0 && args->n >= 0);
     ST_ASSERT(args->nx == 1 || args->ldy >= args->rows);
@@ -285,30 +294,50 @@ void st_matmul(st_pool *pool, const st_matmul_args *args) {
     const st_quant_kernels *k = st_quant_kernels_now();
     const st_type_info *ti = st_type_get(args->type);
     bool gemm = k->gemm_pack[args->type] && args->nx >= MM_GEMM_MIN_NX;
-    mm_ctx c = {.job = {
-                    .a = *args,
-                    .dot = k->dot[args->type],
-                    .multi = k->dot_multi[args->type],
-                    .gemm_pack = gemm ? k->gemm_pack[args->type] : NULL,
-                    .gemm = k->gemm[args->type],
-                    .gemm_block_bytes = (size_t)k->gemm_block_bytes[args->type],
-                    .w_row_bytes = st_row_bytes(args->type, args->n),
-                    .w_block_bytes = (size_t)ti->block_bytes,
-                    .x_block_bytes = st_row_bytes(ti->dot_type, ti->block),
-                }};
-    ST_ASSERT(c.job.dot != NULL);
-    ST_ASSERT(!gemm || (c.job.gemm && c.job.gemm_block_bytes > 0 &&
-                        c.job.gemm_block_bytes <= MM_GEMM_PACK_BYTES));
-    if (args->rows == 0) return;
+    mm_job j = {
+        .a = *args,
+        .dot = k->dot[args->type],
+        .multi = k->dot_multi[args->type],
+        .gemm_pack = gemm ? k->gemm_pack[args->type] : NULL,
+        .gemm = k->gemm[args->type],
+        .gemm_block_bytes = (size_t)k->gemm_block_bytes[args->type],
+        .w_row_bytes = st_row_bytes(args->type, args->n),
+        .w_block_bytes = (size_t)ti->block_bytes,
+        .x_block_bytes = st_row_bytes(ti->dot_type, ti->block),
+    };
+    ST_ASSERT(j.dot != NULL);
+    ST_ASSERT(!gemm || (j.gemm && j.gemm_block_bytes > 0 && j.gemm_block_bytes <= MM_GEMM_PACK_BYTES));
+    return j;
+}
+
+void st_matmul_many(st_pool *pool, int n, const st_matmul_args *args) {
+    ST_ASSERT(n >= 1 && n <= ST_MATMUL_MANY);
+    mm_ctx c = {.n_jobs = n};
+    int64_t work = 0, rows = 0;
+    for (int p = 0; p < n; p++) {
+        c.job[p] = mm_job_make(&args[p]);
+        work += args[p].rows * args[p].n * args[p].nx;
+        rows += args[p].rows;
+    }
+    if (rows == 0) return;
     // Tiny products are not worth waking the pool for.
-    int64_t work = args->rows * args->n * args->nx;
     int nth = pool && work >= 32 * 1024 ? st_pool_size(pool) : 1;
-    // About MM_CHUNKS_PER_THREAD chunks per thread, at least 16 rows each and a multiple of 16
-    // so chunks start on whole cache lines of the output for nx == 1.
-    int64_t chunk = (args->rows + MM_CHUNKS_PER_THREAD * nth - 1) / (MM_CHUNKS_PER_THREAD * nth);
-    chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
-    c.job.chunk = chunk;
-    atomic_init(&c.next, (int64_t)nth * chunk); // chunks 0..nth-1 go to threads 0..nth-1
+    // About MM_CHUNKS_PER_THREAD items per thread in all, shared out by work; chunks of at least
+    // 16 rows and a multiple of 16, so they start on whole cache lines of the output for nx == 1
+    // (and GEMM tiles fall on the same rows whatever the split).
+    int64_t items = (int64_t)MM_CHUNKS_PER_THREAD * nth;
+    for (int p = 0; p < n; p++) {
+        const st_matmul_args *a = &args[p];
+        int64_t share = work ? (items * a->rows * a->n * a->nx + work / 2) / work : 1;
+        if (share < 1) share = 1;
+        int64_t chunk = (a->rows + share - 1) / share;
+        chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
+        c.job[p].chunk = chunk;
+        c.first[p + 1] = c.first[p] + (a->rows + chunk - 1) / chunk;
+    }
+    atomic_init(&c.next, (int64_t)nth); // items 0..nth-1 go to threads 0..nth-1
     if (nth == 1) mm_task(&c, 0, 1);
     else st_pool_run(pool, mm_task, &c);
 }
+
+void st_matmul(st_pool *pool, const st_matmul_args *args) { st_matmul_many(pool, 1, args); }

@@ -100,3 +100,8 @@ typedef struct st_matmul_args {
     int64_t ldy;
 } st_matmul_args;
 void st_matmul(st_pool *pool, const st_matmul_args *args);
+// Several independent products (at most ST_MATMUL_MANY of them) as one pool run: one wake-up
+// and one join where as many st_matmul calls take one each (decode's q, k and v share their
+// input). Each output row is computed exactly as st_matmul computes it.
+#define ST_MATMUL_MANY 4 // the most a forward takes at once (q, k, v)
+void st_matmul_many(st_pool *pool, int n, const st_matmul_args *args);

@@ -426,6 +426,42 @@ static void test_matmul_one_row(void **state) {
     st_pool_free(pool);
 }
 
+// st_matmul_many gives each product's rows exactly as its own st_matmul does, one activation row
+// (decode) or several (the GEMM path), products of different types and sizes in one run.
+static void test_matmul_many(void **state) {
+    (void)state;
+    static const st_type types[] = {ST_TYPE_Q8_0, ST_TYPE_Q4_K, ST_TYPE_F16};
+    static const int rows[] = {1000, 64, 17};
+    st_pool *pool = st_pool_create(3);
+    assert_non_null(pool);
+    for (int nx = 1; nx <= 5; nx += 4) {
+        fixture f[3];
+        st_matmul_args a[3];
+        float *want[3];
+        for (int i = 0; i < 3; i++) {
+            fixture_init(&f[i], types[i], 512, rows[i], nx);
+            want[i] = malloc(sizeof(float) * (size_t)rows[i] * nx);
+            a[i] = (st_matmul_args){.type = types[i], .w = f[i].w, .n = 512, .rows = rows[i], .x = f[i].x,
+                                    .x_stride = f[i].xs, .nx = nx, .y = want[i], .ldy = rows[i]};
+            st_matmul(NULL, &a[i]);
+            a[i].y = malloc(sizeof(float) * (size_t)rows[i] * nx);
+        }
+        for (int n = 1; n <= 3; n++) {
+            st_matmul_many(pool, n, a);
+            for (int i = 0; i < n; i++)
+                if (memcmp(a[i].y, want[i], sizeof(float) * (size_t)rows[i] * nx))
+                    fail_msg("nx %d, %d products: product %d (%s) differs from its st_matmul", nx, n, i,
+                             st_type_name(types[i]));
+        }
+        for (int i = 0; i < 3; i++) {
+            free(a[i].y);
+            free(want[i]);
+            fixture_free(&f[i]);
+        }
+    }
+    st_pool_free(pool);
+}
+
 // Every path's F16 -> f32 gives st_f16_to_f32's bits for every half value (F16C quiets a
 // signalling NaN, the scalar code keeps its bits: any NaN for a NaN).
 static void test_dequantize_f16_paths(void **state) {
@@ -471,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_scalar_matmul_tiling),
         cmocka_unit_test(test_quantize_paths),
         cmocka_unit_test(test_matmul_one_row),
+        cmocka_unit_test(test_matmul_many),
         cmocka_unit_test(test_dequantize_f16_paths),
         cmocka_unit_test(test_avx2),
         cmocka_unit_test(test_avx512),
