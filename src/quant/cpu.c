@@ -149,6 +149,11 @@ float st_vec_dot(st_type type, int64_t n, const void *w, const void *x) {
 // AMD machine, 1024 MiB matrices: IQ3_S +15%, IQ1_M +10%, Q4_K unchanged; 30B-shape decode
 // 14.5-14.9 -> 14.8-16.6 tokens/s (three interleaved A/B rounds).
 #define MM_CHUNKS_PER_THREAD 16
+// At most this many weight bytes per work item: the head's 330 MB (151,936 rows) in 32 items made
+// items of 10 MB, ~0.8 ms on one thread, and the last one left the other thread idle for about
+// half of that each token. A 1 MiB item streams as fast as larger ones (two threads, consecutive
+// 8.9 MB products: 16 items a thread or 4 alike, 64 slower).
+#define MM_CHUNK_MAX_BYTES (1 << 20)
 
 static inline void prefetch_row(const uint8_t *p, size_t bytes) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
@@ -331,6 +336,8 @@ void st_matmul_many(st_pool *pool, int n, const st_matmul_args *args) {
         int64_t share = work ? (items * a->rows * a->n * a->nx + work / 2) / work : 1;
         if (share < 1) share = 1;
         int64_t chunk = (a->rows + share - 1) / share;
+        int64_t cap = (int64_t)(MM_CHUNK_MAX_BYTES / c.job[p].w_row_bytes);
+        if (chunk > cap) chunk = cap;
         chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
         c.job[p].chunk = chunk;
         c.first[p + 1] = c.first[p] + (a->rows + chunk - 1) / chunk;
