@@ -951,3 +951,6 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
 #undef CASE
     }
 }
+
+// STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
+cudaError_t st_trace_bind_attention(const st_trace_dev *t) { return st_trace_bind_unit(t); }

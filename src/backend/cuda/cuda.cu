@@ -306,7 +306,14 @@ typedef struct cuda_graph {
     cudaGraphExec_t exec;
     unsigned gen;   // scratch generation it was recorded with
     int runs;       // eager runs so far
+    struct st_trace_labels *trace; // STRATA_CUDA_TRACE: its launches
 } cuda_graph;
+
+static void graph_launch(st_cuda *c, const cuda_graph *g) {
+    if (c->trace) st_cuda_trace_reset(c);
+    ST_CU(c, cudaGraphLaunch(g->exec, c->stream));
+    if (c->trace) st_cuda_trace_replayed(c, g->trace);
+}
 
 static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
     st_cuda *c = st_cuda_of(b);
@@ -318,7 +325,7 @@ static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) 
         *slot = g;
     }
     if (g->exec && g->gen == c->scratch_gen) {
-        ST_CU(c, cudaGraphLaunch(g->exec, c->stream));
+        graph_launch(c, g);
         return ST_OK;
     }
     if (g->exec) {
@@ -332,8 +339,11 @@ static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) 
     ST_CU(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     if (c->err) return cuda_sync(b);
     c->capturing = true;
+    st_cuda_trace_free(st_cuda_trace_take(c));
     st_status s = fn(ctx);
     c->capturing = false;
+    st_cuda_trace_free(g->trace);
+    g->trace = st_cuda_trace_take(c);
     cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
     if (s) {
         if (graph) cudaGraphDestroy(graph);
@@ -349,7 +359,7 @@ static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) 
     cudaGraphDestroy(graph);
     if (c->err) return cuda_sync(b);
     g->gen = gen;
-    ST_CU(c, cudaGraphLaunch(g->exec, c->stream));
+    graph_launch(c, g);
     return ST_OK;
 }
 
@@ -358,6 +368,7 @@ static void cuda_graph_free(st_backend *b, void *graph) {
     cuda_graph *g = (cuda_graph *)graph;
     if (!g) return;
     if (g->exec) cudaGraphExecDestroy(g->exec);
+    st_cuda_trace_free(g->trace);
     st_free(g);
 }
 
@@ -368,6 +379,7 @@ static void cuda_destroy(st_backend *b) {
     st_cuda *c = st_cuda_of(b);
     cudaStreamSynchronize(c->stream);
     st_cuda_profile_report(c);
+    st_cuda_trace_stop(c);
     for (int i = 0; i < ST_SCR_COUNT; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     if (c->cublas) cublasDestroy(c->cublas);
@@ -544,8 +556,8 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     c->device = device;
     c->reserve = reserve_bytes;
     const char *skip = getenv("STRATA_CUDA_SKIP");
-    bool timing = env_is("STRATA_CUDA_PROFILE", "1");
-    c->base.ops = timing || (skip && *skip) ? st_cuda_profile_ops(&cuda_ops, timing, skip) : &cuda_ops;
+    bool timing = env_is("STRATA_CUDA_PROFILE", "1"), trace = env_is("STRATA_CUDA_TRACE", "1");
+    c->base.ops = timing || trace || (skip && *skip) ? st_cuda_profile_ops(&cuda_ops, timing, skip) : &cuda_ops;
     st_status s = ST_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
@@ -562,6 +574,7 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     if (!s && cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS)
         s = st_fail(ST_ERR_IO, "GPU %d: cannot start cuBLAS", device);
     if (!s) cublasSetStream(c->cublas, c->stream);
+    if (!s && trace && !timing) st_cuda_trace_start(c);
     if (!s) {
         c->base.pool = st_pool_create(n_threads);
         if (!c->base.pool) s = st_fail(ST_ERR_NOMEM, "cannot start %d CPU threads", n_threads);
@@ -573,3 +586,6 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     *out = &c->base;
     return ST_OK;
 }
+
+// STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
+cudaError_t st_trace_bind_cuda(const st_trace_dev *t) { return st_trace_bind_unit(t); }

@@ -49,9 +49,16 @@ typedef struct st_cuda {
     unsigned scratch_gen;        // bumped when a scratch buffer moves: older recordings are stale
     void *scratch[ST_SCR_COUNT];
     size_t scratch_bytes[ST_SCR_COUNT];
+    // STRATA_CUDA_TRACE (profile.cu): the op being issued, its launches so far, and the labels
+    // of the launches recorded into the graph being captured.
+    bool trace;
+    char trace_op[96];
+    int trace_k;
+    struct st_trace_labels *trace_labels;
 } st_cuda;
 
 static inline st_cuda *st_cuda_of(st_backend *b) { return (st_cuda *)b; }
+void st_cuda_trace_launch(st_cuda *c); // STRATA_CUDA_TRACE: a kernel was launched on c->stream
 
 // Records a failed CUDA call (the first one since the last sync is kept and reported by sync).
 void st_cuda_fail(st_cuda *c, cudaError_t e, const char *what, const char *file, int line);
@@ -71,10 +78,49 @@ void st_cuda_fail_msg(st_cuda *c, const char *file, int line, const char *fmt, .
 // the earlier kernels have completed and their writes are visible, then lets the next kernel's
 // blocks launch. Reads of data no kernel writes (weights) may come before it. A no-op on older
 // cards and when the kernel was launched without the attribute.
+//
+// STRATA_CUDA_TRACE=1 (profile.cu) times the kernels inside a replayed decode graph: block 0 of
+// each kernel notes when it became resident and when its wait returned, that is when the kernel
+// before it had finished. The next kernel's release minus this one's is this kernel's share of
+// the step, overlap included, which neither timing a kernel alone nor ncu shows.
+typedef struct st_trace_dev {
+    unsigned *seq;           // records written since the replay began; NULL: not tracing
+    unsigned cap;
+    unsigned long long *rec; // (cap, 2): resident, released (%globaltimer, ns)
+} st_trace_dev;
+// One copy per translation unit (no relocatable device code): each kernel file binds its own
+// (st_trace_bind_<file>, called by profile.cu).
+static __constant__ st_trace_dev st_trace;
+static inline cudaError_t st_trace_bind_unit(const st_trace_dev *t) { return cudaMemcpyToSymbol(st_trace, t, sizeof *t); }
+cudaError_t st_trace_bind_attention(const st_trace_dev *t);
+cudaError_t st_trace_bind_cuda(const st_trace_dev *t);
+cudaError_t st_trace_bind_gdn(const st_trace_dev *t);
+cudaError_t st_trace_bind_ops(const st_trace_dev *t);
+cudaError_t st_trace_bind_quant(const st_trace_dev *t);
+
+__device__ __forceinline__ unsigned long long st_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// Block 0 takes its record's slot when it becomes resident, so after the wait it only stores
+// (an atomic's round trip there would delay every kernel's end by ~1.6 us). Slots follow launch
+// order: kernel i + 1 becomes resident only after every block of kernel i has passed its wait.
 __device__ __forceinline__ void st_pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const bool first = (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+    unsigned long long resident = 0;
+    unsigned slot = ~0u;
+    if (first && st_trace.seq) {
+        resident = st_globaltimer();
+        slot = atomicAdd(st_trace.seq, 1u);
+    }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" :::);
+    if (slot < st_trace.cap) {
+        st_trace.rec[2 * slot] = resident;
+        st_trace.rec[2 * slot + 1] = st_globaltimer();
+    }
 #endif
 }
 
@@ -349,6 +395,7 @@ static inline void st_launch_on(st_cuda *c, cudaStream_t s, bool pdl, void (*k)(
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     ST_CU(c, cudaLaunchKernelEx(&cfg, k, st_arg<P>(args)...));
+    if (c->trace && s == c->stream) st_cuda_trace_launch(c);
 }
 template <typename... P, typename... A>
 static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
@@ -364,6 +411,14 @@ void *st_cuda_scratch(st_cuda *c, int slot, size_t bytes);
 // table is printed when the backend is freed.
 const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real, bool time_ops, const char *skip_keys);
 void st_cuda_profile_report(const st_cuda *c);
+// STRATA_CUDA_TRACE: start (false and a message when it cannot); a recording's launch labels,
+// handed to its graph; records reset before a replay and read after it; the table, at close.
+bool st_cuda_trace_start(st_cuda *c);
+struct st_trace_labels *st_cuda_trace_take(st_cuda *c);
+void st_cuda_trace_reset(st_cuda *c);
+void st_cuda_trace_replayed(st_cuda *c, const struct st_trace_labels *l);
+void st_cuda_trace_free(struct st_trace_labels *l);
+void st_cuda_trace_stop(st_cuda *c); // prints the table
 
 // ---------------------------------------------------------------------------------------------
 // Ops, by file. Rules for every op (see DESIGN.md and backend.h):

@@ -416,3 +416,6 @@ void st_cuda_gdn_chunked(st_backend *b, const st_gdn_args *a) {
     st_launch(c, gdn_chunk_kernel<128>, grid, GDN_CHUNK_THREADS, smem, *a, tm);
     ST_CU_LAUNCHED(c, "gdn_chunked");
 }
+
+// STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
+cudaError_t st_trace_bind_gdn(const st_trace_dev *t) { return st_trace_bind_unit(t); }

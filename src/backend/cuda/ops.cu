@@ -721,3 +721,6 @@ void st_cuda_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
     }
     ST_CU_LAUNCHED(c, "argmax");
 }
+
+// STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
+cudaError_t st_trace_bind_ops(const st_trace_dev *t) { return st_trace_bind_unit(t); }

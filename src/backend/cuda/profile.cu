@@ -3,6 +3,8 @@
 // weight type and shape for the matrix products. STRATA_CUDA_SKIP=KEY[,KEY...] leaves out the
 // ops whose table key starts with a KEY (graphs stay on, outputs are wrong): what a step loses
 // without an op is that op's cost inside the graph, which timing an op alone cannot show.
+// STRATA_CUDA_TRACE=1 times each kernel inside the replayed graphs (cuda_common.cuh, st_pdl_begin)
+// and prints their shares of the steps, by op and launch, at close (Hopper and newer).
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,12 +48,186 @@ static void prof_add(const char *key, double ms) {
     prof[i].ms += ms;
 }
 
+// ---------------------------------------------------------------------------------------------
+// STRATA_CUDA_TRACE. A launch is labelled with its op's key and its number within the op; a
+// recorded graph keeps its launches' labels, and after each replay the records (one per kernel,
+// in launch order: kernel i + 1 passes its wait only after kernel i, which noted its record
+// before, has finished) are matched to them. Kernel i's share of the step is kernel i + 1's
+// release minus its own; the last kernel of a graph has no successor and is not counted.
+
+#define TRACE_CAP 16384
+#define TRACE_LABEL 112
+
+struct st_trace_labels {
+    int n, cap;
+    char (*label)[TRACE_LABEL];
+};
+
+typedef struct trace_entry {
+    char label[TRACE_LABEL];
+    int64_t calls;
+    double ns, early_ns; // share of the steps; time resident before the release
+} trace_entry;
+
+#define TRACE_MAX 1024
+static trace_entry trace_tab[TRACE_MAX];
+static int n_trace;
+static int64_t trace_replays, trace_mismatch, trace_backwards;
+static double trace_step_ns;
+static st_trace_dev trace_dev;           // device buffers (seq, rec)
+static unsigned long long *trace_host;   // a replay's records, read back
+
+static void trace_op(st_backend *b, const char *key) {
+    st_cuda *c = st_cuda_of(b);
+    if (!c->trace) return;
+    snprintf(c->trace_op, sizeof c->trace_op, "%s", key);
+    c->trace_k = 0;
+}
+
+bool st_cuda_trace_start(st_cuda *c) {
+    if (!c->pdl) {
+        fprintf(stderr, "STRATA_CUDA_TRACE: needs programmatic dependent launch (compute capability 9.0 or newer, "
+                        "STRATA_CUDA_PDL not 0): not tracing\n");
+        return false;
+    }
+    trace_host = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * TRACE_CAP);
+    trace_dev.cap = TRACE_CAP;
+    cudaError_t e = trace_host ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.seq, sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.rec, sizeof(unsigned long long) * 2 * TRACE_CAP);
+    if (e == cudaSuccess) e = cudaMemset(trace_dev.seq, 0, sizeof(unsigned));
+    cudaError_t (*bind[])(const st_trace_dev *) = {st_trace_bind_attention, st_trace_bind_cuda, st_trace_bind_gdn,
+                                                   st_trace_bind_ops, st_trace_bind_quant};
+    for (size_t i = 0; i < sizeof bind / sizeof bind[0] && e == cudaSuccess; i++) e = bind[i](&trace_dev);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "STRATA_CUDA_TRACE: cannot start: %s; not tracing\n", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    fprintf(stderr, "STRATA_CUDA_TRACE: timing the kernels of replayed graphs (a wait after each replay)\n");
+    c->trace = true;
+    return true;
+}
+
+void st_cuda_trace_launch(st_cuda *c) {
+    if (!c->capturing) return; // only recordings are matched to records
+    st_trace_labels *l = c->trace_labels;
+    if (!l) l = c->trace_labels = (st_trace_labels *)calloc(1, sizeof *l);
+    if (!l) return;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 512;
+        void *p = realloc(l->label, sizeof l->label[0] * (size_t)cap);
+        if (!p) return;
+        l->label = (char(*)[TRACE_LABEL])p, l->cap = cap;
+    }
+    snprintf(l->label[l->n++], TRACE_LABEL, "%s #%d", c->trace_op[0] ? c->trace_op : "(outside an op)", ++c->trace_k);
+}
+
+st_trace_labels *st_cuda_trace_take(st_cuda *c) {
+    st_trace_labels *l = c->trace_labels;
+    c->trace_labels = NULL;
+    return l;
+}
+
+void st_cuda_trace_free(st_trace_labels *l) {
+    if (!l) return;
+    free(l->label);
+    free(l);
+}
+
+static void trace_add(const char *label, double ns, double early) {
+    int i = 0;
+    while (i < n_trace && strcmp(trace_tab[i].label, label)) i++;
+    if (i == n_trace) {
+        if (n_trace == TRACE_MAX) return;
+        snprintf(trace_tab[n_trace++].label, TRACE_LABEL, "%s", label);
+    }
+    trace_tab[i].calls++;
+    trace_tab[i].ns += ns;
+    trace_tab[i].early_ns += early;
+}
+
+// After a replay of the graph whose launches l labels (queued on c->stream with the records
+// reset before it): waits for it and adds its kernels' times.
+void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
+    unsigned n = 0;
+    if (cudaStreamSynchronize(c->stream) != cudaSuccess ||
+        cudaMemcpy(&n, trace_dev.seq, sizeof n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (!l || n != (unsigned)l->n || n < 2 || n > TRACE_CAP) {
+        if (!trace_mismatch++)
+            fprintf(stderr, "STRATA_CUDA_TRACE: a replay wrote %u records for %d launches: not counted\n", n, l ? l->n : 0);
+        return;
+    }
+    if (cudaMemcpy(trace_host, trace_dev.rec, sizeof(unsigned long long) * 2 * n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    // Kernel i + 1 is released after kernel i, but the records come from different
+    // multiprocessors, whose %globaltimer readings may disagree by a tick: a pair out of order
+    // counts as 0 (and is counted), which averages out over many replays.
+    for (unsigned i = 0; i + 1 < n; i++) {
+        unsigned long long r0 = trace_host[2 * i + 1], r1 = trace_host[2 * i + 3], at = trace_host[2 * i];
+        if (r1 < r0) trace_backwards++;
+        trace_add(l->label[i], r1 > r0 ? (double)(r1 - r0) : 0.0, r0 > at ? (double)(r0 - at) : 0.0);
+    }
+    trace_step_ns += (double)(trace_host[2 * n - 1] - trace_host[1]);
+    trace_replays++;
+}
+
+// Resets the records before a replay (queued on the stream).
+void st_cuda_trace_reset(st_cuda *c) { cudaMemsetAsync(trace_dev.seq, 0, sizeof(unsigned), c->stream); }
+
+static int trace_by_time(const void *a, const void *b) {
+    double x = ((const trace_entry *)a)->ns, y = ((const trace_entry *)b)->ns;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void trace_report(void) {
+    if (!trace_replays && !trace_mismatch) return;
+    double total = 0;
+    for (int i = 0; i < n_trace; i++) total += trace_tab[i].ns;
+    qsort(trace_tab, (size_t)n_trace, sizeof trace_tab[0], trace_by_time);
+    fprintf(stderr, "\nKernels inside the replayed graphs (STRATA_CUDA_TRACE): %lld replays, %.1f us a replay from the "
+                    "first kernel's release to the last's\n",
+            (long long)trace_replays, trace_replays ? trace_step_ns / 1e3 / (double)trace_replays : 0.0);
+    if (trace_mismatch)
+        fprintf(stderr, "  %lld replays not counted: their records did not match their launches\n", (long long)trace_mismatch);
+    if (trace_backwards)
+        fprintf(stderr, "  %lld kernels released before the kernel ahead of them by the timers (counted as 0 us)\n",
+                (long long)trace_backwards);
+    fprintf(stderr, "%-60s %9s %10s %9s %9s %6s\n", "op #launch", "calls", "total ms", "us/call", "early us", "share");
+    for (int i = 0; i < n_trace; i++) {
+        const trace_entry *t = &trace_tab[i];
+        fprintf(stderr, "%-60s %9lld %10.3f %9.2f %9.2f %5.1f%%\n", t->label, (long long)t->calls, t->ns / 1e6,
+                t->ns / 1e3 / (double)t->calls, t->early_ns / 1e3 / (double)t->calls, 100.0 * t->ns / total);
+    }
+    n_trace = 0;
+    trace_replays = trace_mismatch = trace_backwards = 0;
+    trace_step_ns = 0;
+}
+
+void st_cuda_trace_stop(st_cuda *c) {
+    if (!c->trace) return;
+    trace_report();
+    st_cuda_trace_free(st_cuda_trace_take(c));
+    cudaFree(trace_dev.seq);
+    cudaFree(trace_dev.rec);
+    free(trace_host);
+    trace_dev = st_trace_dev{};
+    trace_host = NULL;
+    c->trace = false;
+}
+
 static const char *rows_class(int n) { return n == 1 ? "n=1" : n <= ST_CUDA_GRAPH_ROWS ? "n<=16" : "n>16"; }
 
 #define TIMED(b, key, call)                                                                          \
     do {                                                                                             \
         if (skipped(key)) break;                                                                     \
         if (!timing) {                                                                               \
+            trace_op(b, key);                                                                        \
             call;                                                                                    \
             break;                                                                                   \
         }                                                                                            \

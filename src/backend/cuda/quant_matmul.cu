@@ -2218,3 +2218,6 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
     }
 }
 
+
+// STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
+cudaError_t st_trace_bind_quant(const st_trace_dev *t) { return st_trace_bind_unit(t); }
