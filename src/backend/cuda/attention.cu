@@ -237,10 +237,15 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     // (no kernel writes them), so they are read before the wait: a split past the context leaves
     // at once, freeing its place for the next kernel's blocks, and the angles are ready early.
     const int pos0 = *p.pos_dev, T = pos0 + p.n;
+    // This block's positions: its split of [0, T), cut at the last position its queries see.
+    int last_q = min(qbase + QB, p.nq) - 1;
+    int t_begin = 0, t_end = min(T, pos0 + last_q / p.G + 1);
     if (p.ns > 1) {
         int chunk = (T + p.ns - 1) / p.ns;
         chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
-        if (split * chunk >= T) return;
+        t_begin = split * chunk;
+        if (t_begin >= T) return; // past the context: the combine does not read this split
+        t_end = min(t_end, t_begin + chunk);
     }
     const int half = p.n_rot / 2;
     float *Kn = Ps + QB * TK;      // fused norms: (n, D) this head's new k rows, normalized and rotated
@@ -253,6 +258,15 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             cs[i * 2 * half + k] = (float)cn;
             cs[i * 2 * half + half + k] = (float)sn;
         }
+    // A first tile of rows that earlier steps wrote (all before pos0) is read before the wait:
+    // the kernels that wrote them finished before this one could start, and its loads then fly
+    // while the kernel before finishes. Rows of this step come from knew / vnew after the wait.
+    attn_tile<D, TK> kt, vt;
+    const bool early = t_begin < t_end && min(t_begin + TK, t_end) <= pos0;
+    if (early) {
+        attn_fetch_tile<D, TK>(kt, p.kc, NULL, 0, p, hk, t_begin, t_end, pos0);
+        attn_fetch_tile<D, TK>(vt, p.vc, NULL, 0, p, hk, t_begin, t_end, pos0);
+    }
     st_pdl_begin();
 
     const float *kfresh = p.knew ? p.knew + hk * D : NULL;
@@ -301,16 +315,6 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         lim[jj] = qi < p.nq ? pos0 + qi / p.G : -1;
         wlim = max(wlim, lim[jj]);
     }
-    // This block's positions: its split of [0, T), cut at the last position its queries see.
-    int last_q = min(qbase + QB, p.nq) - 1;
-    int t_begin = 0, t_end = min(T, pos0 + last_q / p.G + 1);
-    if (p.ns > 1) {
-        int chunk = (T + p.ns - 1) / p.ns;
-        chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
-        t_begin = split * chunk;
-        t_end = min(t_end, t_begin + chunk);
-        if (t_begin >= T) return; // past the context: the combine does not read this split
-    }
 
     float m[QPW], l[QPW], acc[QPW][EPL];
 #pragma unroll
@@ -321,8 +325,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     }
     const int tt = lane % TK, part = lane / TK;
     const float *vfresh = p.vnew ? p.vnew + hk * D : NULL;
-    attn_tile<D, TK> kt, vt;
-    if (t_begin < t_end) {
+    if (t_begin < t_end && !early) {
         attn_fetch_tile<D, TK>(kt, p.kc, kfresh, kstride, p, hk, t_begin, t_end, pos0);
         attn_fetch_tile<D, TK>(vt, p.vc, vfresh, p.nv, p, hk, t_begin, t_end, pos0);
     }
