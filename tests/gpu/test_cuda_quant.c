@@ -608,8 +608,8 @@ static void test_moe(void **state) {
 // gate/up kernel) against the router op then the moe op given the ids: the same ids, weights
 // and outputs bit for bit, with a slot map and counts as the whole-card layers use them, on
 // logits with ties (the lower id first) and expert counts that leave a group of 32 partial.
-static void moe_fold_run(int E, int k, int n, st_type t) {
-    int d = 256, F = 256;
+// With holes, every third expert is not in the stack (a hybrid layer's cache: those slots idle).
+static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
     uint8_t *g = make_weights(t, (int64_t)E * F, d, false), *u = make_weights(t, (int64_t)E * F, d, false),
             *dn = make_weights(t, (int64_t)E * d, F, false);
     st_mat3 gg = stack(t, F, d, E, NULL), ug = stack(t, F, d, E, NULL), dg = stack(t, d, F, E, NULL);
@@ -619,7 +619,7 @@ static void moe_fold_run(int E, int k, int n, st_type t) {
     float *x = rand_normal((size_t)n * d, 1.0f), *lg = rand_normal((size_t)n * E, 2.0f);
     for (int i = 0; i < n * E; i++) lg[i] = roundf(lg[i] * 4.0f) / 4.0f; // ties
     int32_t *map = xmalloc(sizeof(int32_t) * E);
-    for (int e = 0; e < E; e++) map[e] = E - 1 - e;
+    for (int e = 0; e < E; e++) map[e] = holes && e % 3 == 0 ? -1 : E - 1 - e;
     float *xd = dev_put(x, sizeof(float) * n * d), *ld = dev_put(lg, sizeof(float) * n * E);
     int32_t *mapd = dev_put(map, sizeof(int32_t) * E);
     int32_t *ids[2];
@@ -653,8 +653,8 @@ static void moe_fold_run(int E, int k, int n, st_type t) {
                  E, k, n, hi[0][0], hi[1][0], hw[0][0], hw[1][0]);
     if (memcmp(hy[0], hy[1], sizeof(float) * n * d)) fail_msg("moe with logits E=%d k=%d n=%d: outputs differ", E, k, n);
     if (memcmp(hc[0], hc[1], sizeof(uint32_t) * E)) fail_msg("moe with logits E=%d k=%d n=%d: counts differ", E, k, n);
-    printf("moe with logits E=%3d k=%2d n=%d %s: ids, weights, outputs and counts as moe_route + moe\n", E, k, n,
-           st_type_name(t));
+    printf("moe with logits E=%3d k=%2d n=%d d=%d F=%d %s%s: ids, weights, outputs and counts as moe_route + moe\n", E, k, n,
+           d, F, st_type_name(t), holes ? " (a third not cached)" : "");
     for (int v = 0; v < 2; v++) {
         dev_free(ids[v]), dev_free(w[v]), dev_free(y[v]), dev_free(cnt[v]);
         free(hi[v]), free(hw[v]), free(hy[v]), free(hc[v]);
@@ -666,12 +666,15 @@ static void moe_fold_run(int E, int k, int n, st_type t) {
 
 static void test_moe_fold(void **state) {
     (void)state;
-    moe_fold_run(128, 8, 1, ST_TYPE_Q4_K);   // Qwen3-30B-A3B's router
-    moe_fold_run(512, 10, 1, ST_TYPE_Q4_K);  // Qwen3-Next-80B-A3B's
-    moe_fold_run(100, 4, 1, ST_TYPE_Q8_0);   // a partial group
-    moe_fold_run(16, 16, 1, ST_TYPE_Q8_0);   // every expert
-    moe_fold_run(600, 8, 1, ST_TYPE_Q8_0);   // too many to fold: the router kernel first
-    moe_fold_run(128, 8, 3, ST_TYPE_Q4_K);   // a window: the router kernel first
+    moe_fold_run(128, 8, 1, ST_TYPE_Q4_K, false, 256, 256);  // Qwen3-30B-A3B's router
+    moe_fold_run(128, 8, 1, ST_TYPE_Q4_K, false, 2048, 768); // ... and its shape (448 blocks)
+    moe_fold_run(128, 8, 1, ST_TYPE_Q4_K, true, 256, 256);   // ... a hybrid layer
+    moe_fold_run(512, 10, 1, ST_TYPE_Q4_K, false, 256, 256); // Qwen3-Next-80B-A3B's
+    moe_fold_run(512, 10, 1, ST_TYPE_Q6_K, true, 256, 256);
+    moe_fold_run(100, 4, 1, ST_TYPE_Q8_0, false, 256, 256);  // a partial group
+    moe_fold_run(16, 16, 1, ST_TYPE_Q8_0, false, 256, 256);  // every expert
+    moe_fold_run(600, 8, 1, ST_TYPE_Q8_0, false, 256, 256);  // too many to fold: the router kernel first
+    moe_fold_run(128, 8, 3, ST_TYPE_Q4_K, false, 256, 256);  // a window: the router kernel first
 }
 
 // A hybrid layer's hand-off with the routing folded in: publish and the moe op each given the
@@ -1019,6 +1022,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rc;
+    const char *only = getenv("STRATA_TEST_ONLY"); // a test name pattern (cmocka's filter: * and ?)
+    if (only && *only) cmocka_set_test_filter(only);
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
         printf("GPU 0: %s\n", info[0].name);
         rc = bench();
