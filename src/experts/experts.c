@@ -477,13 +477,15 @@ static void count_routing(st_experts *ex, int layer, const int32_t *ids, int na,
         if (ids[i] >= 0 && ids[i] < n_expert) ex->counts[(size_t)layer * n_expert + ids[i]]++;
 }
 
+// The shared expert's three products of x as one matmul_many (a device runs gate and up, one
+// type and width, as one launch; the results are matmul's bits either way).
 static void shared_expert(st_backend *b, const st_moe_shared *sh, const float *x, int n, int d) {
     st_mat gate_inp = {ST_TYPE_F32, d, 1, sizeof(float) * d, sh->gate_inp};
-    b->ops->matmul(b, sh->gate, x, n, sh->g);
-    b->ops->matmul(b, sh->up, x, n, sh->u);
+    const st_mat *w[3] = {sh->gate, sh->up, &gate_inp};
+    float *y[3] = {sh->g, sh->u, sh->s};
+    b->ops->matmul_many(b, 3, w, x, n, y);
     b->ops->swiglu(b, sh->g, sh->u, sh->g, (int64_t)n * sh->gate->rows);
     b->ops->matmul(b, sh->down, sh->g, n, sh->o);
-    b->ops->matmul(b, &gate_inp, x, n, sh->s);
 }
 
 // Grows a device buffer (contents lost); false with the error set when the device is full.
