@@ -85,6 +85,10 @@ static void trace_op(st_backend *b, const char *key) {
 }
 
 bool st_cuda_trace_start(st_cuda *c) {
+    if (trace_dev.seq) { // one buffer, bound on one device
+        fprintf(stderr, "STRATA_CUDA_TRACE: tracing another GPU already; not tracing GPU %d\n", c->device);
+        return false;
+    }
     if (!c->pdl) {
         fprintf(stderr, "STRATA_CUDA_TRACE: needs programmatic dependent launch (compute capability 9.0 or newer, "
                         "STRATA_CUDA_PDL not 0): not tracing\n");
@@ -102,6 +106,11 @@ bool st_cuda_trace_start(st_cuda *c) {
     if (e != cudaSuccess) {
         fprintf(stderr, "STRATA_CUDA_TRACE: cannot start: %s; not tracing\n", cudaGetErrorString(e));
         cudaGetLastError();
+        cudaFree(trace_dev.seq);
+        cudaFree(trace_dev.rec);
+        free(trace_host);
+        trace_dev = st_trace_dev{};
+        trace_host = NULL;
         return false;
     }
     fprintf(stderr, "STRATA_CUDA_TRACE: timing the kernels of replayed graphs (a wait after each replay)\n");
@@ -186,7 +195,10 @@ static int trace_by_time(const void *a, const void *b) {
 }
 
 static void trace_report(void) {
-    if (!trace_replays && !trace_mismatch) return;
+    if (!trace_replays && !trace_mismatch) {
+        fprintf(stderr, "STRATA_CUDA_TRACE: no decode graph was replayed (graphs off, or no decode)\n");
+        return;
+    }
     double total = 0;
     for (int i = 0; i < n_trace; i++) total += trace_tab[i].ns;
     qsort(trace_tab, (size_t)n_trace, sizeof trace_tab[0], trace_by_time);
