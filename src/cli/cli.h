@@ -56,7 +56,9 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
     "  --adapt-decay F        per-window decay of the routing counts (default 0.95)\n"      \
     "  --pcie-frac F          share (0..1) of a decode window's missed experts copied to the\n" \
     "                         GPU and computed there, the rest on the CPU (default: a probe\n" \
-    "                         of the link and the CPU at start picks; 0 = all on the CPU)\n"
+    "                         of the link and the CPU at start picks; 0 = all on the CPU)\n" \
+    "  --no-mmap              read the model into memory (huge pages) instead of mapping it:\n" \
+    "                         the CPU streams weights faster; slower start, a copy in RAM\n"
 
 // Prints "strata: <message>" for a failed status and returns exit code 1.
 int st_cli_fail(st_status s);

@@ -54,6 +54,10 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
         mp->resident_gib = -1;
         return true;
     }
+    if (!strcmp(argv[*i], "--no-mmap")) {
+        mp->no_mmap = true;
+        return true;
+    }
     if (!strcmp(argv[*i], "--mmap-experts")) {
         mp->resident_gib = 0;
         return true;

@@ -78,7 +78,8 @@ int st_cmd_serve(int argc, char **argv) {
                               .n_ctx = cfg.ctx, .n_batch = cfg.batch, .n_seq = cfg.parallel, .resident_gib = cfg.resident_gib,
                               .pool_workers = cfg.pool_workers, .adapt_every = cfg.adapt_every,
                               // the config's 0 is "none", the engine's 0 "the probe's pick"
-                              .pcie_frac = cfg.pcie_frac < 0 ? 0 : cfg.pcie_frac > 0 ? cfg.pcie_frac : -1};
+                              .pcie_frac = cfg.pcie_frac < 0 ? 0 : cfg.pcie_frac > 0 ? cfg.pcie_frac : -1,
+                              .no_mmap = cfg.no_mmap};
     if (strata_model_open(&mp, &m)) {
         int rc = st_cli_fail(ST_ERR_IO);
         st_server_config_free(&cfg);

@@ -153,7 +153,11 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     strata_model *m = st_calloc(1, sizeof *m);
     if (!m) return ST_ERR_NOMEM;
     pthread_mutex_init(&m->stats_mu, NULL);
-    st_status s = st_gguf_open(p->path, &m->gguf);
+    double t0 = st_time_s();
+    st_status s = st_gguf_open_ex(p->path, p->no_mmap, &m->gguf);
+    if (!s && p->no_mmap)
+        st_log_info("read %.2f GiB of weights into memory (--no-mmap) in %.1f s", st_gguf_file_bytes(m->gguf) / 1073741824.0,
+                    st_time_s() - t0);
     if (!s) s = st_model_load(m->gguf, &m->model);
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
     if (!s) s = open_backend(m, p, threads);

@@ -556,6 +556,7 @@ typedef struct shard {
     char *path;
     const uint8_t *base;
     size_t size;
+    size_t map_bytes; // what munmap releases (the file's size, or the rounded anonymous copy)
     bool mapped;
 } shard;
 
@@ -581,7 +582,7 @@ void st_gguf_free(st_gguf *g) {
     st_free(g->kv_names.slot);
     st_free(g->t_names.slot);
     for (int i = 0; i < g->n_shards; i++) {
-        if (g->shards[i].mapped && g->shards[i].size) munmap((void *)g->shards[i].base, g->shards[i].size);
+        if (g->shards[i].mapped && g->shards[i].map_bytes) munmap((void *)g->shards[i].base, g->shards[i].map_bytes);
         st_free(g->shards[i].path);
     }
     st_free(g->shards);
@@ -596,7 +597,38 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-static st_status map_file(shard *sh) {
+// The file's bytes in anonymous memory of huge pages (where the kernel gives them), read in
+// pieces of at most 1 GiB.
+static st_status read_file(shard *sh, int fd) {
+    const size_t huge = (size_t)2 << 20, piece = (size_t)1 << 30;
+    size_t bytes = (sh->size + huge - 1) / huge * huge;
+    uint8_t *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return st_fail(ST_ERR_NOMEM, "%s: cannot allocate %.2f GiB to read the file into memory (--no-mmap): %s",
+                       sh->path, bytes / 1073741824.0, strerror(errno));
+#ifdef MADV_HUGEPAGE
+    madvise(m, bytes, MADV_HUGEPAGE); // advice: without huge pages it still works
+#endif
+    for (size_t got = 0; got < sh->size;) {
+        size_t want = sh->size - got < piece ? sh->size - got : piece;
+        ssize_t r = pread(fd, m + got, want, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            munmap(m, bytes);
+            return st_fail(ST_ERR_IO, "%s: cannot read byte %zu of %zu: %s", sh->path, got, sh->size,
+                           e ? strerror(e) : "the file became shorter");
+        }
+        got += (size_t)r;
+    }
+    mprotect(m, bytes, PROT_READ);
+    sh->base = m;
+    sh->map_bytes = bytes;
+    sh->mapped = true;
+    return ST_OK;
+}
+
+static st_status map_file(shard *sh, bool in_memory) {
     int fd = open(sh->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return st_fail(ST_ERR_IO, "%s: cannot open: %s", sh->path, strerror(errno));
     struct stat stt;
@@ -615,12 +647,18 @@ static st_status map_file(shard *sh) {
         return st_fail(ST_ERR_FORMAT, "%s: the file is empty (a GGUF file starts with a 24-byte header)",
                        sh->path);
     }
+    if (in_memory) {
+        st_status s = read_file(sh, fd);
+        close(fd);
+        return s;
+    }
     void *m = mmap(NULL, sh->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
     if (m == MAP_FAILED)
         return st_fail(ST_ERR_IO, "%s: cannot map %zu bytes: %s", sh->path, sh->size, strerror(e));
     sh->base = m;
+    sh->map_bytes = sh->size;
     sh->mapped = true;
     return ST_OK;
 }
@@ -756,7 +794,9 @@ static st_status check_split(st_gguf *g, gfile *files) {
     return ST_OK;
 }
 
-st_status st_gguf_open(const char *path, st_gguf **out) {
+st_status st_gguf_open(const char *path, st_gguf **out) { return st_gguf_open_ex(path, false, out); }
+
+st_status st_gguf_open_ex(const char *path, bool in_memory, st_gguf **out) {
     *out = NULL;
     size_t prefix;
     int no = 1, count = 1;
@@ -781,7 +821,7 @@ st_status st_gguf_open(const char *path, st_gguf **out) {
             s = ST_ERR_NOMEM;
             break;
         }
-        s = map_file(sh);
+        s = map_file(sh, in_memory);
         if (s != ST_OK && split && i + 1 != no)
             s = st_fail_prefix(s, "shard %d of %d is missing (opening %s)", i + 1, count, path);
         if (s == ST_OK) s = parse_file(&files[i], sh->path, sh->base, sh->size);

@@ -12,7 +12,7 @@
 #include "server/server.h"
 
 typedef enum kind {
-    K_STR, K_INT, K_FLOAT, K_SEED, K_KV, K_THINK, K_GPU, K_SPLIT, K_ORIGINS, K_SAMPLING, K_ARGS,
+    K_STR, K_INT, K_FLOAT, K_BOOL, K_SEED, K_KV, K_THINK, K_GPU, K_SPLIT, K_ORIGINS, K_SAMPLING, K_ARGS,
 } kind;
 
 typedef struct key {
@@ -71,6 +71,8 @@ static const key keys[] = {
      "N  windows between expert cache swaps (default 0: 32; -1 = off)"},
     {"pcie_frac", "--pcie-frac", NULL, K_FLOAT, OFF(pcie_frac), 0, 1, false,
      "F  share (0..1) of decode misses copied to the GPU (default: a start-up probe picks)"},
+    {"no_mmap", "--no-mmap", NULL, K_BOOL, OFF(no_mmap), 0, 0, false,
+     "  read the model into memory (huge pages) instead of mapping it: faster CPU decode, slower start"},
     {"layer_split", "--layer-split", NULL, K_SPLIT, OFF(layer_split), 0, 0, false,
      "L,...  where each later GPU's layers start (several GPUs; not built yet)"},
     {"cors_origins", "--cors-origin", NULL, K_ORIGINS, OFF(cors_origins), 0, 0, false,
@@ -189,6 +191,10 @@ static int set_value(st_server_config *c, const key *k, json_t *v, const char *w
         *(float *)(base + k->off) = (float)x;
         return 0;
     }
+    case K_BOOL:
+        if (!json_is_boolean(v)) return err_add(e, "%s: expected true or false", where);
+        *(bool *)(base + k->off) = json_is_true(v);
+        return 0;
     case K_SEED:
         if (!json_is_integer(v) || json_integer_value(v) < 0) return err_add(e, "%s: expected a non-negative integer", where);
         c->sampling.seed = (uint64_t)json_integer_value(v);
@@ -297,6 +303,10 @@ static void apply_args(st_server_config *c, int argc, char **argv, const char *w
         if (!k) {
             err_add(e, "%s: unknown flag (see strata serve --help)", w);
             if (i + 1 < argc && argv[i + 1][0] != '-') i++; // its value, most likely
+            continue;
+        }
+        if (k->kind == K_BOOL) { // a switch: no value
+            set_value(c, k, json_true(), w, true, e);
             continue;
         }
         if (i + 1 >= argc) {

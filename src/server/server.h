@@ -43,6 +43,7 @@ typedef struct st_server_config {
     int pool_workers;         // 0: cores - 1
     int adapt_every;          // 0: the default (32); -1: off
     float pcie_frac;          // share of decode misses streamed to the GPU, 0 .. 1; < 0: unset (a probe picks)
+    bool no_mmap;             // the model read into memory (huge pages) instead of mapped
     json_t *layer_split;      // NULL, a string or an array of layer numbers (several GPUs)
     json_t *cors_origins;     // array of origins allowed to call the API from a browser
     strata_sampling sampling; // defaults for requests that leave a field out

@@ -497,9 +497,11 @@ def test_api_key(tmp_path):
 
 
 def test_cors_and_config_file(tmp_path):
-    # The keys setup writes (and a few more); the --port flag wins over the config's port.
+    # The keys setup writes (and a few more); the --port flag wins over the config's port. The
+    # model is read into memory (no_mmap) instead of mapped.
     cfg = {"model": str(MODEL), "gpu": "cpu", "host": "127.0.0.1", "port": 1, "parallel": 1, "ctx": 2048, "api_key": "",
-           "cors_origins": ["http://allowed.example"], "sampling": {"temperature": 0}, "args": ["--queue", "3"]}
+           "cors_origins": ["http://allowed.example"], "sampling": {"temperature": 0}, "no_mmap": True,
+           "args": ["--queue", "3", "--no-mmap"]}
     s = Server(tmp_path, config=cfg)
     try:
         props = json.loads(s.get("/props")[1])
@@ -524,12 +526,13 @@ def test_config_validation_names_every_problem(tmp_path):
     cfg = tmp_path / "strata-bad.json"
     cfg.write_text(json.dumps({"model": str(MODEL), "port": 70000, "kv": "q4", "parallel": "two", "colour": "red",
                                "gpu": "fast", "sampling": {"top_p": 2, "warmth": 1}, "cors_origins": "x",
-                               "args": ["--ctx", "many", "--bogus", "1"]}))
+                               "no_mmap": "yes", "args": ["--ctx", "many", "--bogus", "1"]}))
     t0 = time.monotonic()
     r = subprocess.run([BIN, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and time.monotonic() - t0 < 30
     for words in ("port: 70000", "kv:", "parallel:", "colour: unknown key", "gpu:", "sampling.top_p", "sampling.warmth",
-                  "cors_origins:", "args[0] --ctx 'many'", "args[2] --bogus", "10 problems"):
+                  "cors_origins:", "no_mmap: expected true or false", "args[0] --ctx 'many'", "args[2] --bogus",
+                  "11 problems"):
         assert words in r.stderr, (words, r.stderr)
     assert "loading" not in r.stderr  # checked before the model loads
     cfg.write_text("{\"port\": 1,")

@@ -286,7 +286,7 @@ static void test_roundtrip_all_types(void **state) {
     st_free(data);
 }
 
-// Alignment other than 32, written to a file and opened through the mmap path.
+// Alignment other than 32, written to a file and opened through the mmap path and read into memory.
 static void test_alignment_file(void **state) {
     (void)state;
     char path[] = "/tmp/st_gguf_align_XXXXXX.gguf";
@@ -311,6 +311,14 @@ static void test_alignment_file(void **state) {
     const st_gguf_tensor *tb = st_gguf_find_tensor(g, "b");
     assert_int_equal(tb->offset % 256, 0);
     assert_memory_equal(tb->data, b, sizeof b);
+    assert_int_equal(st_gguf_file_bytes(g), tb->offset + 256);
+    st_gguf_free(g);
+    // Read into memory (--no-mmap) instead of mapped: the same tensors and bytes.
+    assert_int_equal(st_gguf_open_ex(path, true, &g), ST_OK);
+    tb = st_gguf_find_tensor(g, "b");
+    assert_int_equal(tb->offset % 256, 0);
+    assert_memory_equal(tb->data, b, sizeof b);
+    assert_memory_equal(st_gguf_find_tensor(g, "a")->data, a, sizeof a);
     assert_int_equal(st_gguf_file_bytes(g), tb->offset + 256);
     st_gguf_free(g);
     unlink(path);
