@@ -10,7 +10,7 @@
 #   e.g. bench/hybrid_vs_llamacpp.sh /tmp/m/q30.gguf 16,12
 #
 # env (paths from the repository's root): STRATA (default gpu-pack/strata, else build/strata), LLAMA_BENCH (a built llama-bench: no
-# build), ROUNDS (Strata runs a budget, default 2), STRATA_ARGS (more `strata bench` flags, e.g.
+# build), ROUNDS (Strata runs a budget, default 2), LLAMA_REPS (llama-bench's -r, default 1), STRATA_ARGS (more `strata bench` flags, e.g.
 # --expert-profile F; a profile next to the model, MODEL minus .gguf plus .profile, is used when
 # present), OUT (logs under $OUT/hybrid-vs-llamacpp, default ./hybrid-vs-llamacpp-logs).
 # llama-bench runs -p PROMPT -n 128 (its decode test), Strata --prompt PROMPT --decode DECODE.
@@ -40,7 +40,7 @@ fi
 [[ -x $lb ]] || { echo "hybrid_vs_llamacpp: no llama-bench at $lb" >&2; exit 1; }
 
 echo "== llama.cpp (bench/llamacpp/offload_bench.sh)"
-OUT=$logs REPS=1 bench/llamacpp/offload_bench.sh "$model" "$lb" "$budgets" "$prompt" 128 >"$logs/llama.txt" 2>&1
+OUT=$logs REPS=${LLAMA_REPS:-1} bench/llamacpp/offload_bench.sh "$model" "$lb" "$budgets" "$prompt" 128 >"$logs/llama.txt" 2>&1
 sed -n '/offload summary/,$p' "$logs/llama.txt"
 
 profile=${model%.gguf}.profile

@@ -111,6 +111,10 @@ typedef struct st_moe_args {
     int n, k;
     float *y;                        // (n, d) output
     bool accumulate;                 // y += the experts' sum (else y =)
+    // Or NULL (backend memory): y += sigmoid(gated_s[i]) · gated_o row i after the experts (the
+    // shared expert's output and gate logit, as add_gated_rows), so a backend may fold it into
+    // its last kernel.
+    const float *gated_o, *gated_s;
     // Optional, backend memory. slot_map (n_expert): expert e is matrix slot_map[e] of the
     // gate/up/down stacks (whose n is then the slot count), or -1: not here, skipped (it adds
     // nothing; the experts module computes it elsewhere). NULL: expert e is matrix e.

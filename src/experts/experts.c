@@ -914,7 +914,16 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
             }
             counts = ex->counts_dev + (size_t)l * E;
         }
-        cached_moe(ex, b, a, counts);
+        // The shared expert first (it needs only x), so the experts' op can add its gated
+        // output in its own last step (add_gated_rows' arithmetic, one launch fewer a layer).
+        st_moe_args g = *a;
+        if (sh) {
+            shared_expert(b, sh, a->x, n, d);
+            g.gated_o = sh->o;
+            g.gated_s = sh->s;
+        }
+        cached_moe(ex, b, &g, counts);
+        if (!sh || g.gated_o) return ST_OK;
     }
     if (sh) {
         shared_expert(b, sh, a->x, n, d);

@@ -609,23 +609,34 @@ static void test_moe(void **state) {
 // and outputs bit for bit, with a slot map and counts as the whole-card layers use them, on
 // logits with ties (the lower id first) and expert counts that leave a group of 32 partial.
 // With holes, every third expert is not in the stack (a hybrid layer's cache: those slots idle).
+// Every variant adds a shared expert's gated output: the reference with add_gated_rows after
+// the op on its old path (STRATA_MOE_LATE: the down blocks learn their expert after their wait),
+// the others (one row: the down blocks take their expert before their wait, from the ids or by
+// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s.
+enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_NV };
+static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated"};
+
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
-    uint8_t *g = make_weights(t, (int64_t)E * F, d, false), *u = make_weights(t, (int64_t)E * F, d, false),
-            *dn = make_weights(t, (int64_t)E * d, F, false);
+    // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
+    // 1.6 billion weights would take minutes to quantize)
+    uint8_t *g = make_weights(t, (int64_t)E * F, d, true), *u = make_weights(t, (int64_t)E * F, d, true),
+            *dn = make_weights(t, (int64_t)E * d, F, true);
     st_mat3 gg = stack(t, F, d, E, NULL), ug = stack(t, F, d, E, NULL), dg = stack(t, d, F, E, NULL);
     gg.data = dev_put(g, gg.mat_bytes * E);
     ug.data = dev_put(u, ug.mat_bytes * E);
     dg.data = dev_put(dn, dg.mat_bytes * E);
     float *x = rand_normal((size_t)n * d, 1.0f), *lg = rand_normal((size_t)n * E, 2.0f);
+    float *so = rand_normal((size_t)n * d, 1.0f), *ss = rand_normal((size_t)n, 2.0f);
     for (int i = 0; i < n * E; i++) lg[i] = roundf(lg[i] * 4.0f) / 4.0f; // ties
     int32_t *map = xmalloc(sizeof(int32_t) * E);
     for (int e = 0; e < E; e++) map[e] = holes && e % 3 == 0 ? -1 : E - 1 - e;
     float *xd = dev_put(x, sizeof(float) * n * d), *ld = dev_put(lg, sizeof(float) * n * E);
+    float *sod = dev_put(so, sizeof(float) * n * d), *ssd = dev_put(ss, sizeof(float) * n);
     int32_t *mapd = dev_put(map, sizeof(int32_t) * E);
-    int32_t *ids[2];
-    float *w[2], *y[2];
-    uint32_t *cnt[2];
-    for (int v = 0; v < 2; v++) {
+    int32_t *ids[FOLD_NV];
+    float *w[FOLD_NV], *y[FOLD_NV];
+    uint32_t *cnt[FOLD_NV];
+    for (int v = 0; v < FOLD_NV; v++) {
         ids[v] = dev_put(NULL, sizeof(int32_t) * n * k);
         w[v] = dev_put(NULL, sizeof(float) * n * k);
         y[v] = dev_put(NULL, sizeof(float) * n * d);
@@ -633,14 +644,18 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         gpu->ops->zero(gpu, cnt[v], sizeof(uint32_t) * E);
         st_moe_args a = {.layer = 0, .gate = &gg, .up = &ug, .down = &dg, .x = xd, .ids = ids[v], .weights = w[v],
                          .n = n, .k = k, .y = y[v], .slot_map = mapd, .n_expert = E, .counts = cnt[v]};
-        if (v == 0) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
+        if (v == FOLD_REF || v == FOLD_IDS) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
         else a.logits = ld;
+        if (v == FOLD_GATED || v == FOLD_IDS) a.gated_o = sod, a.gated_s = ssd;
+        if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1);
         gpu->ops->moe(gpu, &a);
+        unsetenv("STRATA_MOE_LATE");
+        if (!a.gated_o) gpu->ops->add_gated_rows(gpu, y[v], sod, ssd, n, d);
     }
-    int32_t *hi[2];
-    float *hw[2], *hy[2];
-    uint32_t *hc[2];
-    for (int v = 0; v < 2; v++) {
+    int32_t *hi[FOLD_NV];
+    float *hw[FOLD_NV], *hy[FOLD_NV];
+    uint32_t *hc[FOLD_NV];
+    for (int v = 0; v < FOLD_NV; v++) {
         hi[v] = xmalloc(sizeof(int32_t) * n * k), hw[v] = xmalloc(sizeof(float) * n * k);
         hy[v] = xmalloc(sizeof(float) * n * d), hc[v] = xmalloc(sizeof(uint32_t) * E);
         dev_get(hi[v], ids[v], sizeof(int32_t) * n * k);
@@ -648,20 +663,24 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         dev_get(hy[v], y[v], sizeof(float) * n * d);
         dev_get(hc[v], cnt[v], sizeof(uint32_t) * E);
     }
-    if (memcmp(hi[0], hi[1], sizeof(int32_t) * n * k) || memcmp(hw[0], hw[1], sizeof(float) * n * k))
-        fail_msg("moe with logits E=%d k=%d n=%d: ids/weights differ from moe_route's (first: id %d vs %d, w %.9g vs %.9g)",
-                 E, k, n, hi[0][0], hi[1][0], hw[0][0], hw[1][0]);
-    if (memcmp(hy[0], hy[1], sizeof(float) * n * d)) fail_msg("moe with logits E=%d k=%d n=%d: outputs differ", E, k, n);
-    if (memcmp(hc[0], hc[1], sizeof(uint32_t) * E)) fail_msg("moe with logits E=%d k=%d n=%d: counts differ", E, k, n);
-    printf("moe with logits E=%3d k=%2d n=%d d=%d F=%d %s%s: ids, weights, outputs and counts as moe_route + moe\n", E, k, n,
-           d, F, st_type_name(t), holes ? " (a third not cached)" : "");
-    for (int v = 0; v < 2; v++) {
+    for (int v = 1; v < FOLD_NV; v++) {
+        if (memcmp(hi[0], hi[v], sizeof(int32_t) * n * k) || memcmp(hw[0], hw[v], sizeof(float) * n * k))
+            fail_msg("moe with logits E=%d k=%d n=%d, %s: ids/weights differ from moe_route's (first: id %d vs %d, w %.9g "
+                     "vs %.9g)", E, k, n, fold_names[v], hi[0][0], hi[v][0], hw[0][0], hw[v][0]);
+        if (memcmp(hy[0], hy[v], sizeof(float) * n * d))
+            fail_msg("moe with logits E=%d k=%d n=%d, %s: outputs differ", E, k, n, fold_names[v]);
+        if (memcmp(hc[0], hc[v], sizeof(uint32_t) * E))
+            fail_msg("moe with logits E=%d k=%d n=%d, %s: counts differ", E, k, n, fold_names[v]);
+    }
+    printf("moe with logits E=%3d k=%2d n=%d d=%d F=%d %s%s: ids, weights, outputs (+ gated) and counts as moe_route + "
+           "moe, each way\n", E, k, n, d, F, st_type_name(t), holes ? " (a third not cached)" : "");
+    for (int v = 0; v < FOLD_NV; v++) {
         dev_free(ids[v]), dev_free(w[v]), dev_free(y[v]), dev_free(cnt[v]);
         free(hi[v]), free(hw[v]), free(hy[v]), free(hc[v]);
     }
     dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
-    dev_free(xd), dev_free(ld), dev_free(mapd);
-    free(g), free(u), free(dn), free(x), free(lg), free(map);
+    dev_free(xd), dev_free(ld), dev_free(mapd), dev_free(sod), dev_free(ssd);
+    free(g), free(u), free(dn), free(x), free(lg), free(map), free(so), free(ss);
 }
 
 static void test_moe_fold(void **state) {
@@ -670,6 +689,7 @@ static void test_moe_fold(void **state) {
     moe_fold_run(128, 8, 1, ST_TYPE_Q4_K, false, 2048, 768); // ... and its shape (448 blocks)
     moe_fold_run(128, 8, 1, ST_TYPE_Q4_K, true, 256, 256);   // ... a hybrid layer
     moe_fold_run(512, 10, 1, ST_TYPE_Q4_K, false, 256, 256); // Qwen3-Next-80B-A3B's
+    moe_fold_run(512, 10, 1, ST_TYPE_Q4_K, false, 2048, 512); // ... and its shape
     moe_fold_run(512, 10, 1, ST_TYPE_Q6_K, true, 256, 256);
     moe_fold_run(100, 4, 1, ST_TYPE_Q8_0, false, 256, 256);  // a partial group
     moe_fold_run(16, 16, 1, ST_TYPE_Q8_0, false, 256, 256);  // every expert

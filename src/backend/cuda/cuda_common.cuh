@@ -175,6 +175,13 @@ __device__ __forceinline__ float block_sum(float v) {
 __host__ __device__ constexpr int st_rms_threads(int d) { return d >= 4096 ? 256 : 128; }
 #define RMS_KEEP 8
 
+// ss + a·a with the roundings spelled out: a plain expression leaves the compiler free to fuse
+// a different product into each add wherever it is inlined, so the norm kernel and a product
+// that norms its input itself could disagree in the last bit (seen as a rare test failure).
+__device__ __forceinline__ float sumsq4(float ss, float4 a) {
+    return fmaf(a.w, a.w, fmaf(a.z, a.z, fmaf(a.y, a.y, fmaf(a.x, a.x, ss))));
+}
+
 // The sum of squares of one row a = x (+ y when given) of d floats, by the whole block (every
 // thread gets it); a written to xo when given. With vec4 (d % 4 == 0, 16-byte aligned rows)
 // 16-byte accesses, and the first RMS_KEEP float4 of each thread are kept in registers for the
@@ -198,7 +205,7 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
                     if (xo4) xo4[j] = a;
                 }
                 keep[k] = a;
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                ss = sumsq4(ss, a);
             }
         }
         for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
@@ -208,7 +215,7 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
                 a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
                 if (xo4) xo4[j] = a;
             }
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            ss = sumsq4(ss, a);
         }
     } else {
         for (int j = threadIdx.x; j < d; j += blockDim.x) {
@@ -217,7 +224,7 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
                 a += y[j];
                 if (xo) xo[j] = a;
             }
-            ss += a * a;
+            ss = fmaf(a, a, ss);
         }
     }
     return block_sum(ss);
@@ -260,6 +267,8 @@ __device__ __forceinline__ float rms_row(const float *x, const float *y, float *
     }
     return s;
 }
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ double warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -33,7 +33,6 @@ __device__ __forceinline__ void warp_argmax(float &v, int &i) {
     }
 }
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // Grid size for a grid-stride loop over n items of 256 threads each (capped: the loop covers
 // the rest).

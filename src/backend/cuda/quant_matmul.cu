@@ -1458,11 +1458,19 @@ struct st_moe2_args {
     const float *logits;
     int32_t *route_ids;
     float *route_w;
+    // One row, down only: each block learns its expert (from the ids, or from the logits it
+    // ranks itself where the gate/up kernel routes) and asks L2 for its weight rows before it
+    // waits for the gate/up kernel.
+    bool early;
+    // Down's combine, or NULL: y += sigmoid(gated_s[i]) · gated_o row i after the routed sum
+    // (the shared expert's output; add_gated_rows' arithmetic).
+    const float *gated_o, *gated_s;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
 // counter back to zero (kernels on the stream never overlap, so one array serves every layer).
 #define ST_MOE2_MAX_TILES 4096
+#define ST_MOE2_EARLY_RANK 128
 __device__ unsigned moe2_counters[ST_MOE2_MAX_TILES];
 
 // The matrix of router id v in this stack, or -1 (not here, or out of range).
@@ -1533,8 +1541,7 @@ __device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2
 // One row with the routing folded in (p.logits): every block ranks the row's logits itself
 // (route_rank) and takes the expert of rank blockIdx.y; block (0, 0) also writes the row's ids
 // and weights and counts them. The row's x is quantized meanwhile, as moe2_one does.
-__device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem) {
-    __shared__ st_route_smem rs;
+__device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs) {
     route_load(p.logits, p.n_route, rs);
     quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                 (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
@@ -1575,7 +1582,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             wr[i] = p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
     }
     int nchunk = p.cols / 32, half = p.cols / 2;
-    if (r0 < p.rows && lane < nchunk)
+    if (!p.early && r0 < p.rows && lane < nchunk)
 #pragma unroll
         for (int i = 0; i < R; i++) prefetch_chunk<T>(wr[i], lane);
     int8_t *sq = (int8_t *)moe2_smem;
@@ -1626,20 +1633,54 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
     }
 }
 
+// The down kernel's expert of slot blockIdx.y for one row, before the wait (p.early): from the
+// ids, or from the logits it ranks itself where the gate/up kernel routes (that kernel writes
+// the ids only after its own wait). Both were written before the gate/up kernel, which could
+// let this one launch only after its own wait, when every kernel before it had completed.
+// __ldcg: from L2, where those writes are.
+__device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route_smem &rs) {
+    __shared__ int s_sel;
+    if (p.logits) {
+        for (int i = threadIdx.x; i < (p.n_route + 31) / 32 * 32; i += blockDim.x)
+            rs.l[i] = i < p.n_route ? __ldcg(p.logits + i) : -INFINITY;
+        __syncthreads();
+        route_rank(p.n_route, p.k, rs);
+        return moe2_matrix(p, rs.top[blockIdx.y]);
+    }
+    if (threadIdx.x == 0) s_sel = moe2_matrix(p, __ldcg(p.ids + blockIdx.y));
+    __syncthreads();
+    return s_sel;
+}
+
 template <int T, int NX, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
-    st_pdl_begin();
     const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
+    __shared__ st_route_smem rs;
     extern __shared__ __align__(16) uint8_t moe2_smem[];
-    if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
-        for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
-            int v = p.ids[a];
-            if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
-        }
-    int e, m = NX != 1 ? moe2_members(p, s_asg, &e)
-             : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem)
-                       : moe2_one(p, s_asg, &e, moe2_smem);
+    int e = -1, m = 0;
+    if (!GATE && NX == 1 && p.early) {
+        constexpr int ROWS = ST_MOE2_WARPS * 2 * P;
+        e = moe2_expert_early(p, rs);
+        int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
+        if (e >= 0) prefetch_l2(p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes, (size_t)nb * p.g_row_bytes);
+        st_pdl_begin();
+        if (threadIdx.x == 0) s_asg[0] = blockIdx.y;
+        quant_split(p.x + (size_t)blockIdx.y * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                    (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+        __syncthreads();
+        m = e >= 0;
+    } else {
+        st_pdl_begin();
+        if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
+            for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
+                int v = p.ids[a];
+                if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
+            }
+        m = NX != 1 ? moe2_members(p, s_asg, &e)
+          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs)
+                    : moe2_one(p, s_asg, &e, moe2_smem);
+    }
     if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1);
     if (GATE || !p.y) return;
 
@@ -1670,7 +1711,9 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
             acc += p.wts[a] * __ldcg(p.out + (size_t)a * p.rows + r);
         }
         float *yr = p.y + (size_t)i * p.rows + r;
-        *yr = p.add ? *yr + acc : acc;
+        float v = p.add ? *yr + acc : acc;
+        if (p.gated_o) v += sigmoidf_(p.gated_s[i]) * p.gated_o[(size_t)i * p.rows + r];
+        *yr = v;
     }
 }
 
@@ -1725,7 +1768,7 @@ static bool moe2_routes(const st_moe_args *a) {
 }
 
 // The one-launch-per-matrix experts. False when they do not apply (the caller runs moe_small).
-static bool moe_small2(st_cuda *c, const st_moe_args *a) {
+static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
     int n = a->n, k = a->k, na = n * k, E = (int)gate->n;
     int64_t d = gate->cols, F = gate->rows;
@@ -1772,7 +1815,11 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
 
     st_moe2_args q = p;
     q.counts = NULL;
-    q.logits = NULL;
+    // One row: the down kernel's blocks take their expert before they wait, where that is
+    // cheap: the ids, or ranking at most ST_MOE2_EARLY_RANK logits. (H200, whole card: the
+    // 30B-A3B shape's 128 logits +0.9-1.1% decode; the Next-80B-A3B's 512 -3.4%, its down
+    // blocks became resident only ~2 us before their release, so the ranking was not hidden.)
+    q.early = n == 1 && (!q.logits || q.n_route <= ST_MOE2_EARLY_RANK) && !env_on("STRATA_MOE_LATE");
     q.wg = (const uint8_t *)down->data;
     q.wu = NULL;
     q.g_row_bytes = down->row_bytes;
@@ -1786,7 +1833,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     // The down kernel's last blocks combine (its row tiles: see moe2_launch), else a kernel does.
     int tile = ST_MOE2_WARPS * 2 * (n == 1 ? 4 : 1);
     bool fused = (d + tile - 1) / tile <= ST_MOE2_MAX_TILES;
-    if (fused) q.y = a->y, q.wts = a->weights, q.add = a->accumulate;
+    if (fused) q.y = a->y, q.wts = a->weights, q.add = a->accumulate, q.gated_o = a->gated_o, q.gated_s = a->gated_s;
     switch (down->type) {
 #define CASE(T) case T: moe2_launch<T, false>(c, q, n); break;
         ST_CUQ_QUANT_TYPES(CASE)
@@ -1794,6 +1841,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a) {
     default: break;
     }
 
+    *gated = fused;
     if (fused) return true;
     int64_t ny = (int64_t)n * d;
     const int32_t *ids = a->ids;
@@ -2161,8 +2209,19 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
 }
 
 
+static void moe_dispatch(st_cuda *c, const st_moe_args *a, bool *gated);
+
+// y = the routed experts' sum (+ y with accumulate) (+ the shared expert's gated output: the
+// one-row down kernel adds it in its combine, else add_gated_rows after).
 void st_cuda_moe(st_backend *b, const st_moe_args *a) {
     st_cuda *c = st_cuda_of(b);
+    bool gated = false;
+    moe_dispatch(c, a, &gated);
+    if (a->gated_o && !gated && !c->err) st_cuda_add_gated_rows(b, a->y, a->gated_o, a->gated_s, a->n, (int)a->gate->cols);
+}
+
+static void moe_dispatch(st_cuda *c, const st_moe_args *a, bool *gated) {
+    st_backend *b = &c->base;
     if (a->n <= 0 || c->err) return;
     const st_mat3 *g = a->gate, *u = a->up, *dn = a->down;
     if (g->n > 0) {
@@ -2189,7 +2248,7 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
         a = &routed;
     }
     // Windows: two launches that map and count the ids themselves.
-    if (g->n > 0 && moe_small2(c, a)) return;
+    if (g->n > 0 && moe_small2(c, a, gated)) return;
     st_moe_args mapped;
     if (a->slot_map || a->counts) {
         int na = a->n * a->k, E = a->slot_map ? a->n_expert : (int)a->gate->n;
