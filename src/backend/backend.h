@@ -196,6 +196,10 @@ typedef struct st_backend_ops {
     void (*get_rows)(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);
     // y (n, d) = x / sqrt(mean(x²) + eps) · w per row; w (d) or NULL for no scale
     void (*rmsnorm)(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps);
+    // y (n, d) = rmsnorm(x) · w ⊙ silu(gate) (Qwen3-Next's gated norm of the DeltaNet output):
+    // the values of rmsnorm then mul_silu (a device runs it as one kernel); y may alias x.
+    void (*rmsnorm_silu)(st_backend *b, const float *x, const float *w, const float *gate, float *y, int n, int d,
+                         float eps);
     // The residual add, the norm after it and the products that read the normed rows, as one
     // op: with y, xo (n, d) = x + y (else x is the sum, and xo is not written); xn =
     // rmsnorm(sum) · norm_w (norm_w (d) or NULL); then out[i] = xn · w[i]ᵀ for i < nw

@@ -93,6 +93,14 @@ static void cpu_rmsnorm(st_backend *b, const float *x, const float *w, float *y,
     }
 }
 
+static void cpu_mul_silu(st_backend *b, float *y, const float *gate, int64_t n);
+
+static void cpu_rmsnorm_silu(st_backend *b, const float *x, const float *w, const float *gate, float *y, int n, int d,
+                             float eps) {
+    cpu_rmsnorm(b, x, w, y, n, d, eps);
+    cpu_mul_silu(b, y, gate, (int64_t)n * d);
+}
+
 static void cpu_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
                             float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out) {
     if (y) {
@@ -619,6 +627,7 @@ static const st_backend_ops cpu_ops = {
     .matmul_many = cpu_matmul_many,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
+    .rmsnorm_silu = cpu_rmsnorm_silu,
     .norm_matmul = cpu_norm_matmul,
     .norm_rope = cpu_norm_rope,
     .l2norm = cpu_l2norm,

@@ -306,8 +306,7 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n, bool add) {
     const st_backend_ops *ops = s->b->ops; // prompt chunks in the chunked form where it pays
     bool chunked = ops->gdn_chunked_from > 0 && n >= ops->gdn_chunked_from;
     (chunked ? ops->gdn_chunked : ops->gdn)(s->b, &ga);
-    OP(rmsnorm, s->att, l->ssm_norm, s->att, n * hv, d, hp->eps);
-    OP(mul_silu, s->att, z, (int64_t)n * vd);
+    OP(rmsnorm_silu, s->att, l->ssm_norm, z, s->att, n * hv, d, hp->eps);
     OP(matmul, &l->wout, s->att, n, s->y);
 }
 

@@ -105,6 +105,34 @@ static void test_rmsnorm(void **st) {
             }
 }
 
+// The gated norm: against the CPU, and bit for bit against the GPU's rmsnorm then mul_silu
+// (the ops it replaces in the DeltaNet layers), in place as the forward runs it.
+static void test_rmsnorm_silu(void **st) {
+    (void)st;
+    const int dims[] = {128, 100, 2048};
+    for (int di = 0; di < 3; di++)
+        for (int ri = 0; ri < NROWS; ri++) {
+            int n = ROWS[ri], d = dims[di];
+            size_t sz = (size_t)n * d;
+            float *x = rand_buf(sz, -3, 3), *w = rand_buf(d, 0.5f, 1.5f), *g = rand_buf(sz, -6, 6);
+            float *y = malloc(sizeof(float) * sz), *ya = malloc(sizeof(float) * sz), *yb = malloc(sizeof(float) * sz);
+            cpu->ops->rmsnorm_silu(cpu, x, w, g, y, n, d, 1e-6f);
+            float *da = dev_put(x, sizeof(float) * sz), *db = dev_put(x, sizeof(float) * sz);
+            float *dw = dev_put(w, sizeof(float) * d), *dg = dev_put(g, sizeof(float) * sz);
+            gpu->ops->rmsnorm_silu(gpu, da, dw, dg, da, n, d, 1e-6f);
+            gpu->ops->rmsnorm(gpu, db, dw, db, n, d, 1e-6f);
+            gpu->ops->mul_silu(gpu, db, dg, (int64_t)sz);
+            dev_get(ya, da, sizeof(float) * sz);
+            dev_get(yb, db, sizeof(float) * sz);
+            char what[96];
+            snprintf(what, sizeof what, "rmsnorm_silu n=%d d=%d", n, d);
+            check(what, y, ya, sz, 1e-6, 4e-6);
+            if (memcmp(ya, yb, sizeof(float) * sz)) fail_msg("%s: differs from rmsnorm then mul_silu", what);
+            dev_free(da), dev_free(db), dev_free(dw), dev_free(dg);
+            free(x), free(w), free(g), free(y), free(ya), free(yb);
+        }
+}
+
 static void test_l2norm(void **st) {
     (void)st;
     const int dims[] = {128, 100, 256};
@@ -854,7 +882,8 @@ int main(int argc, char **argv) {
         rc = bench();
     } else {
         const struct CMUnitTest tests[] = {
-            cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_l2norm),
+            cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_rmsnorm_silu),
+            cmocka_unit_test(test_l2norm),
             cmocka_unit_test(test_rope),          cmocka_unit_test(test_add_rmsnorm),
             cmocka_unit_test(test_norm_rope),     cmocka_unit_test(test_conv),
             cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gated_rows_and_gates),

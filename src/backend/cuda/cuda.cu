@@ -413,6 +413,7 @@ static const st_backend_ops cuda_ops = {
     .matmul_many = st_cuda_matmul_many,
     .get_rows = st_cuda_get_rows,
     .rmsnorm = st_cuda_rmsnorm,
+    .rmsnorm_silu = st_cuda_rmsnorm_silu,
     .norm_matmul = st_cuda_norm_matmul,
     .norm_rope = st_cuda_norm_rope,
     .l2norm = st_cuda_l2norm,

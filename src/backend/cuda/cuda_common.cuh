@@ -464,6 +464,8 @@ void st_cuda_add(st_backend *b, float *y, const float *x, int64_t n);
 void st_cuda_swiglu(st_backend *b, const float *gate, const float *up, float *y, int64_t n);
 void st_cuda_mul_sigmoid(st_backend *b, float *y, const float *gate, int64_t n);
 void st_cuda_mul_silu(st_backend *b, float *y, const float *gate, int64_t n);
+void st_cuda_rmsnorm_silu(st_backend *b, const float *x, const float *w, const float *gate, float *y, int n, int d,
+                          float eps);
 void st_cuda_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d);
 void st_cuda_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, const float *dt_bias,
                        float *beta, float *g, int n, int h_k, int h_v);

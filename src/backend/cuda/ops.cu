@@ -4,6 +4,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include <cooperative_groups.h>
 
@@ -44,8 +45,10 @@ static unsigned grid_for(int64_t n) {
 // ---------------------------------------------------------------------------------------------
 // Norms
 
-// One warp per row (short rows: head-sized norms over thousands of rows).
-__global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, int n, int d, float eps) {
+// One warp per row (short rows: head-sized norms over thousands of rows). With gate, each value
+// is then multiplied by silu(gate) as mul_silu does (rmsnorm_silu).
+__global__ void rmsnorm_warp_kernel(const float *x, const float *w, const float *gate, float *y, int n, int d,
+                                    float eps) {
     st_pdl_begin();
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return;
@@ -55,7 +58,12 @@ __global__ void rmsnorm_warp_kernel(const float *x, const float *w, float *y, in
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / d + eps);
     float *yr = y + (size_t)row * d;
-    for (int j = lane; j < d; j += 32) yr[j] = xr[j] * s * (w ? w[j] : 1.0f);
+    const float *gr = gate ? gate + (size_t)row * d : NULL;
+    for (int j = lane; j < d; j += 32) {
+        float v = xr[j] * s * (w ? w[j] : 1.0f);
+        if (gr) v *= gr[j] / (1.0f + expf(-gr[j]));
+        yr[j] = v;
+    }
 }
 
 // One block per row (model-width rows), optionally with the residual add before it (y != NULL:
@@ -69,6 +77,20 @@ __global__ void rmsnorm_row_kernel(const float *x, const float *y, float *xo, co
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+void st_cuda_rmsnorm_silu(st_backend *b, const float *x, const float *w, const float *gate, float *y, int n, int d,
+                          float eps) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || d <= 0) return;
+    const char *split = getenv("STRATA_GATED_NORM_SPLIT"); // (two kernels, for measuring)
+    if (d < 1024 && !(split && split[0] == '1')) {
+        st_launch(c, rmsnorm_warp_kernel, (n + 7) / 8, 256, 0, x, w, gate, y, n, d, eps);
+        ST_CU_LAUNCHED(c, "rmsnorm_silu");
+        return;
+    }
+    st_cuda_rmsnorm(b, x, w, y, n, d, eps);
+    st_cuda_mul_silu(b, y, gate, (int64_t)n * d);
+}
+
 static void rmsnorm_rows(st_cuda *c, const float *x, const float *y, float *xo, const float *w, float *out, int n,
                          int d, float eps) {
     bool vec4 = (d & 3) == 0 && aligned16(x) && (!y || (aligned16(y) && aligned16(xo))) && aligned16(out) &&
@@ -80,7 +102,7 @@ void st_cuda_rmsnorm(st_backend *b, const float *x, const float *w, float *y, in
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || d <= 0) return;
     // Short rows (head-sized norms over many rows): a warp each. x is only read below (no y).
-    if (d < 1024) st_launch(c, rmsnorm_warp_kernel, (n + 7) / 8, 256, 0, x, w, y, n, d, eps);
+    if (d < 1024) st_launch(c, rmsnorm_warp_kernel, (n + 7) / 8, 256, 0, x, w, (const float *)NULL, y, n, d, eps);
     else rmsnorm_rows(c, x, NULL, NULL, w, y, n, d, eps);
     ST_CU_LAUNCHED(c, "rmsnorm");
 }

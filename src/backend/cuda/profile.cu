@@ -286,6 +286,7 @@ static void p_gdn_chunked(st_backend *b, const st_gdn_args *a) {
     TIMED(b, key, inner->gdn_chunked(b, a));
 }
 static void p_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y) { TIMED(b, "get_rows", inner->get_rows(b, w, ids, n, y)); }
+static void p_rmsnorm_silu(st_backend *b, const float *x, const float *w, const float *g, float *y, int n, int d, float eps) { TIMED(b, "rmsnorm_silu", inner->rmsnorm_silu(b, x, w, g, y, n, d, eps)); }
 static void p_rmsnorm(st_backend *b, const float *x, const float *w, float *y, int n, int d, float eps) { TIMED(b, "rmsnorm", inner->rmsnorm(b, x, w, y, n, d, eps)); }
 static void p_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *nw_, float eps, float *xn,
                           int n, int d, int nw, const st_mat *const *w, float *const *out) {
@@ -362,6 +363,7 @@ const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real, bool time_
     ops.gdn_chunked = p_gdn_chunked;
     ops.get_rows = p_get_rows;
     ops.rmsnorm = p_rmsnorm;
+    ops.rmsnorm_silu = p_rmsnorm_silu;
     ops.l2norm = p_l2norm;
     ops.norm_matmul = p_norm_matmul;
     ops.norm_rope = p_norm_rope;
