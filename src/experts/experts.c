@@ -923,9 +923,9 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
             g.gated_s = sh->s;
         }
         cached_moe(ex, b, &g, counts);
-        if (!sh || g.gated_o) return ST_OK;
+        return ST_OK;
     }
-    if (sh) {
+    if (sh) { // the CPU
         shared_expert(b, sh, a->x, n, d);
         b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
     }
