@@ -267,7 +267,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         attn_fetch_tile<D, TK>(kt, p.kc, NULL, 0, p, hk, t_begin, t_end, pos0);
         attn_fetch_tile<D, TK>(vt, p.vc, NULL, 0, p, hk, t_begin, t_end, pos0);
     }
-    st_pdl_begin();
+    // STRATA_CUDA_TRACE marks: 0 q and k normed and rotated, 1 tiles done, 2 partials out, 3 counted in
+    unsigned ts = st_pdl_begin();
 
     const float *kfresh = p.knew ? p.knew + hk * D : NULL;
     int kstride = p.nv;
@@ -307,6 +308,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             }
         }
     }
+    st_trace_mark(ts, 0);
     int lim[QPW]; // the last position each of this warp's queries sees; -1: no query
     int wlim = -1;
 #pragma unroll
@@ -387,6 +389,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         }
         __syncwarp(); // Ps is rewritten by the next tile
     }
+    st_trace_mark(ts, 1);
 
 #pragma unroll
     for (int jj = 0; jj < QPW; jj++) {
@@ -406,6 +409,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
         }
     }
+    st_trace_mark(ts, 2);
     if (p.ns == 1 || !p.counters) return;
 
     // Last block combines. Each block publishes its partials (fence), then counts itself in; the
@@ -421,6 +425,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         s_last = prev == (unsigned)(act - 1);
         if (s_last) *ctr = 0; // every block of this tile has counted: ready for the next launch
     }
+    st_trace_mark(ts, 3);
     __syncthreads();
     if (!s_last) return;
     __threadfence();

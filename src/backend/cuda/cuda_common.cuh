@@ -87,7 +87,10 @@ typedef struct st_trace_dev {
     unsigned *seq;           // records written since the replay began; NULL: not tracing
     unsigned cap;
     unsigned long long *rec; // (cap, 2): resident, released (%globaltimer, ns)
+    unsigned long long *marks; // (cap, ST_TRACE_MARKS): st_trace_mark's times, 0 where none
 } st_trace_dev;
+// Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
+#define ST_TRACE_MARKS 4
 // One copy per translation unit (no relocatable device code): each kernel file binds its own
 // (st_trace_bind_<file>, called by profile.cu).
 static __constant__ st_trace_dev st_trace;
@@ -106,7 +109,8 @@ __device__ __forceinline__ unsigned long long st_globaltimer() {
 // Block 0 takes its record's slot when it becomes resident, so after the wait it only stores
 // (an atomic's round trip there would delay every kernel's end by ~1.6 us). Slots follow launch
 // order: kernel i + 1 becomes resident only after every block of kernel i has passed its wait.
-__device__ __forceinline__ void st_pdl_begin() {
+// Returns the slot to block 0 while tracing (else ~0u), for st_trace_mark.
+__device__ __forceinline__ unsigned st_pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const bool first = (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
     unsigned long long resident = 0;
@@ -121,6 +125,18 @@ __device__ __forceinline__ void st_pdl_begin() {
         st_trace.rec[2 * slot] = resident;
         st_trace.rec[2 * slot + 1] = st_globaltimer();
     }
+    return slot;
+#else
+    return ~0u;
+#endif
+}
+
+// STRATA_CUDA_TRACE: block 0's thread 0 notes when it reached point k (< ST_TRACE_MARKS) of its
+// kernel; slot is what st_pdl_begin returned (a no-op for other blocks and when not tracing).
+// The table reports each point's mean time after the kernel's release.
+__device__ __forceinline__ void st_trace_mark(unsigned slot, int k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (slot < st_trace.cap && threadIdx.x == 0) st_trace.marks[(size_t)slot * ST_TRACE_MARKS + k] = st_globaltimer();
 #endif
 }
 

@@ -67,6 +67,8 @@ typedef struct trace_entry {
     char label[TRACE_LABEL];
     int64_t calls;
     double ns, early_ns; // share of the steps; time resident before the release
+    double mark_ns[ST_TRACE_MARKS]; // st_trace_mark's points after the release (summed over marks)
+    int64_t mark_n[ST_TRACE_MARKS];
 } trace_entry;
 
 #define TRACE_MAX 1024
@@ -76,6 +78,7 @@ static int64_t trace_replays, trace_mismatch, trace_backwards;
 static double trace_step_ns;
 static st_trace_dev trace_dev;           // device buffers (seq, rec)
 static unsigned long long *trace_host;   // a replay's records, read back
+static unsigned long long *trace_marks;  // and its marks
 
 static void trace_op(st_backend *b, const char *key) {
     st_cuda *c = st_cuda_of(b);
@@ -95,10 +98,13 @@ bool st_cuda_trace_start(st_cuda *c) {
         return false;
     }
     trace_host = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * TRACE_CAP);
+    trace_marks = (unsigned long long *)malloc(sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
     trace_dev.cap = TRACE_CAP;
-    cudaError_t e = trace_host ? cudaSuccess : cudaErrorMemoryAllocation;
+    cudaError_t e = trace_host && trace_marks ? cudaSuccess : cudaErrorMemoryAllocation;
     if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.seq, sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.rec, sizeof(unsigned long long) * 2 * TRACE_CAP);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.marks, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
+    if (e == cudaSuccess) e = cudaMemset(trace_dev.marks, 0, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
     if (e == cudaSuccess) e = cudaMemset(trace_dev.seq, 0, sizeof(unsigned));
     cudaError_t (*bind[])(const st_trace_dev *) = {st_trace_bind_attention, st_trace_bind_cuda, st_trace_bind_gdn,
                                                    st_trace_bind_ops, st_trace_bind_quant};
@@ -108,9 +114,12 @@ bool st_cuda_trace_start(st_cuda *c) {
         cudaGetLastError();
         cudaFree(trace_dev.seq);
         cudaFree(trace_dev.rec);
+        cudaFree(trace_dev.marks);
         free(trace_host);
+        free(trace_marks);
         trace_dev = st_trace_dev{};
         trace_host = NULL;
+        trace_marks = NULL;
         return false;
     }
     fprintf(stderr, "STRATA_CUDA_TRACE: timing the kernels of replayed graphs (a wait after each replay)\n");
@@ -144,16 +153,23 @@ void st_cuda_trace_free(st_trace_labels *l) {
     free(l);
 }
 
-static void trace_add(const char *label, double ns, double early) {
+static void trace_add(const char *label, double ns, double early, unsigned long long released,
+                      const unsigned long long *marks) {
     int i = 0;
     while (i < n_trace && strcmp(trace_tab[i].label, label)) i++;
     if (i == n_trace) {
         if (n_trace == TRACE_MAX) return;
+        trace_tab[n_trace] = trace_entry{};
         snprintf(trace_tab[n_trace++].label, TRACE_LABEL, "%s", label);
     }
     trace_tab[i].calls++;
     trace_tab[i].ns += ns;
     trace_tab[i].early_ns += early;
+    for (int k = 0; k < ST_TRACE_MARKS; k++)
+        if (marks[k]) { // (a point may come before the release: a negative time)
+            trace_tab[i].mark_ns[k] += (double)(long long)(marks[k] - released);
+            trace_tab[i].mark_n[k]++;
+        }
 }
 
 // After a replay of the graph whose launches l labels (queued on c->stream with the records
@@ -170,7 +186,9 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
             fprintf(stderr, "STRATA_CUDA_TRACE: a replay wrote %u records for %d launches: not counted\n", n, l ? l->n : 0);
         return;
     }
-    if (cudaMemcpy(trace_host, trace_dev.rec, sizeof(unsigned long long) * 2 * n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    if (cudaMemcpy(trace_host, trace_dev.rec, sizeof(unsigned long long) * 2 * n, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(trace_marks, trace_dev.marks, sizeof(unsigned long long) * ST_TRACE_MARKS * n,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
         cudaGetLastError();
         return;
     }
@@ -180,14 +198,18 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
     for (unsigned i = 0; i + 1 < n; i++) {
         unsigned long long r0 = trace_host[2 * i + 1], r1 = trace_host[2 * i + 3], at = trace_host[2 * i];
         if (r1 < r0) trace_backwards++;
-        trace_add(l->label[i], r1 > r0 ? (double)(r1 - r0) : 0.0, r0 > at ? (double)(r0 - at) : 0.0);
+        trace_add(l->label[i], r1 > r0 ? (double)(r1 - r0) : 0.0, r0 > at ? (double)(r0 - at) : 0.0, r0,
+                  trace_marks + (size_t)i * ST_TRACE_MARKS);
     }
     trace_step_ns += (double)(trace_host[2 * n - 1] - trace_host[1]);
     trace_replays++;
 }
 
 // Resets the records before a replay (queued on the stream).
-void st_cuda_trace_reset(st_cuda *c) { cudaMemsetAsync(trace_dev.seq, 0, sizeof(unsigned), c->stream); }
+void st_cuda_trace_reset(st_cuda *c) {
+    cudaMemsetAsync(trace_dev.seq, 0, sizeof(unsigned), c->stream);
+    cudaMemsetAsync(trace_dev.marks, 0, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP, c->stream);
+}
 
 static int trace_by_time(const void *a, const void *b) {
     double x = ((const trace_entry *)a)->ns, y = ((const trace_entry *)b)->ns;
@@ -210,11 +232,15 @@ static void trace_report(void) {
     if (trace_backwards)
         fprintf(stderr, "  %lld kernels released before the kernel ahead of them by the timers (counted as 0 us)\n",
                 (long long)trace_backwards);
-    fprintf(stderr, "%-60s %9s %10s %9s %9s %6s\n", "op #launch", "calls", "total ms", "us/call", "early us", "share");
+    fprintf(stderr, "%-60s %9s %10s %9s %9s %6s  %s\n", "op #launch", "calls", "total ms", "us/call", "early us", "share",
+            "marks (us after the release)");
     for (int i = 0; i < n_trace; i++) {
         const trace_entry *t = &trace_tab[i];
-        fprintf(stderr, "%-60s %9lld %10.3f %9.2f %9.2f %5.1f%%\n", t->label, (long long)t->calls, t->ns / 1e6,
+        fprintf(stderr, "%-60s %9lld %10.3f %9.2f %9.2f %5.1f%% ", t->label, (long long)t->calls, t->ns / 1e6,
                 t->ns / 1e3 / (double)t->calls, t->early_ns / 1e3 / (double)t->calls, 100.0 * t->ns / total);
+        for (int k = 0; k < ST_TRACE_MARKS; k++)
+            if (t->mark_n[k]) fprintf(stderr, " %d:%.2f", k, t->mark_ns[k] / 1e3 / (double)t->mark_n[k]);
+        fprintf(stderr, "\n");
     }
     n_trace = 0;
     trace_replays = trace_mismatch = trace_backwards = 0;
@@ -227,9 +253,12 @@ void st_cuda_trace_stop(st_cuda *c) {
     st_cuda_trace_free(st_cuda_trace_take(c));
     cudaFree(trace_dev.seq);
     cudaFree(trace_dev.rec);
+    cudaFree(trace_dev.marks);
     free(trace_host);
+    free(trace_marks);
     trace_dev = st_trace_dev{};
     trace_host = NULL;
+    trace_marks = NULL;
     c->trace = false;
 }
 

@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     } else {
         prefetch_l2(src, bytes);
     }
-    st_pdl_begin();
+    unsigned ts = st_pdl_begin(); // STRATA_CUDA_TRACE marks: 0 input ready, 1 products done, 2 stored
     const int8_t *xq = p.xq;
     const float2 *xds = p.xds;
     if (p.fused) {
@@ -621,6 +621,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     }
     if (staged) st_cp_wait<0>(); // this thread's copies have landed
     if (p.fused || staged) __syncthreads();
+    st_trace_mark(ts, 0);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t r0 = blk * ST_MV_ROWS + warp * ST_MV_R;
     if (r0 >= rows) return;
@@ -651,6 +652,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
             }
         }
     }
+    st_trace_mark(ts, 1);
     float *y = m.y;
 #pragma unroll
     for (int i = 0; i < ST_MV_R; i++)
@@ -659,6 +661,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
             float s = warp_sum_q(acc[i][j]);
             if (lane == 0 && j < nx && r0 + i < rows) y[(size_t)j * rows + r0 + i] = s;
         }
+    st_trace_mark(ts, 2);
 }
 
 // Quantized weights of type T, all nw matrices cols wide, n <= 16: one launch; false when this
@@ -1563,7 +1566,7 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
 // the members' rows are in shared memory already (moe2_one).
 template <int T, int NX, bool GATE, int P>
 __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
-                                          bool ready) {
+                                          bool ready, unsigned ts) {
     constexpr int R = 2 * P;             // weight rows per warp
     constexpr int WR = GATE ? P : 2 * P; // output rows per warp
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1615,6 +1618,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                 }
             }
         }
+        st_trace_mark(ts, 1); // (block 0: its dot products done)
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float s[R];
@@ -1659,19 +1663,20 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
     __shared__ st_route_smem rs;
     extern __shared__ __align__(16) uint8_t moe2_smem[];
     int e = -1, m = 0;
+    unsigned ts; // STRATA_CUDA_TRACE marks: 0 expert and input ready, 1 products done, 2 stored, 3 counted in
     if (!GATE && NX == 1 && p.early) {
         constexpr int ROWS = ST_MOE2_WARPS * 2 * P;
         e = moe2_expert_early(p, rs);
         int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
         if (e >= 0) prefetch_l2(p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes, (size_t)nb * p.g_row_bytes);
-        st_pdl_begin();
+        ts = st_pdl_begin();
         if (threadIdx.x == 0) s_asg[0] = blockIdx.y;
         quant_split(p.x + (size_t)blockIdx.y * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                     (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
         __syncthreads();
         m = e >= 0;
     } else {
-        st_pdl_begin();
+        ts = st_pdl_begin();
         if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
             for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
                 int v = p.ids[a];
@@ -1681,7 +1686,9 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
           : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs)
                     : moe2_one(p, s_asg, &e, moe2_smem);
     }
-    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1);
+    st_trace_mark(ts, 0);
+    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1, ts);
+    st_trace_mark(ts, 2);
     if (GATE || !p.y) return;
 
     // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
@@ -1695,6 +1702,7 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
         s_last = prev == gridDim.y - 1;
         if (s_last) moe2_counters[blockIdx.x] = 0;
     }
+    st_trace_mark(ts, 3);
     __syncthreads();
     if (!s_last) return;
     __threadfence();
