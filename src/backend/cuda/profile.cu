@@ -87,6 +87,17 @@ static void trace_op(st_backend *b, const char *key) {
     c->trace_k = 0;
 }
 
+static void trace_buffers_free(void) {
+    cudaFree(trace_dev.seq);
+    cudaFree(trace_dev.rec);
+    cudaFree(trace_dev.marks);
+    free(trace_host);
+    free(trace_marks);
+    trace_dev = st_trace_dev{};
+    trace_host = NULL;
+    trace_marks = NULL;
+}
+
 bool st_cuda_trace_start(st_cuda *c) {
     if (trace_dev.seq) { // one buffer, bound on one device
         fprintf(stderr, "STRATA_CUDA_TRACE: tracing another GPU already; not tracing GPU %d\n", c->device);
@@ -112,14 +123,7 @@ bool st_cuda_trace_start(st_cuda *c) {
     if (e != cudaSuccess) {
         fprintf(stderr, "STRATA_CUDA_TRACE: cannot start: %s; not tracing\n", cudaGetErrorString(e));
         cudaGetLastError();
-        cudaFree(trace_dev.seq);
-        cudaFree(trace_dev.rec);
-        cudaFree(trace_dev.marks);
-        free(trace_host);
-        free(trace_marks);
-        trace_dev = st_trace_dev{};
-        trace_host = NULL;
-        trace_marks = NULL;
+        trace_buffers_free();
         return false;
     }
     fprintf(stderr, "STRATA_CUDA_TRACE: timing the kernels of replayed graphs (a wait after each replay)\n");
@@ -251,14 +255,7 @@ void st_cuda_trace_stop(st_cuda *c) {
     if (!c->trace) return;
     trace_report();
     st_cuda_trace_free(st_cuda_trace_take(c));
-    cudaFree(trace_dev.seq);
-    cudaFree(trace_dev.rec);
-    cudaFree(trace_dev.marks);
-    free(trace_host);
-    free(trace_marks);
-    trace_dev = st_trace_dev{};
-    trace_host = NULL;
-    trace_marks = NULL;
+    trace_buffers_free();
     c->trace = false;
 }
 
