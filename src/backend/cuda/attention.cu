@@ -267,8 +267,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         attn_fetch_tile<D, TK>(kt, p.kc, NULL, 0, p, hk, t_begin, t_end, pos0);
         attn_fetch_tile<D, TK>(vt, p.vc, NULL, 0, p, hk, t_begin, t_end, pos0);
     }
-    // STRATA_CUDA_TRACE marks: 0 q and k normed and rotated, 1 tiles done, 2 partials out, 3 counted in
+    // STRATA_CUDA_TRACE marks: 0 a first read of q arrived, 1 q and k normed and rotated, 2 the new
+    // rows stored, 3 tiles done, 4 partials out, 5 counted in
     unsigned ts = st_pdl_begin();
+    st_trace_probe(ts, 0, p.q);
 
     const float *kfresh = p.knew ? p.knew + hk * D : NULL;
     int kstride = p.nv;
@@ -287,6 +289,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
                 for (int e = lane; e < D; e += 32) qs[e] = 0.0f;
         }
         __syncthreads(); // Kn for the store and the tiles
+        st_trace_mark(ts, 1);
         kfresh = Kn, kstride = D;
     } else {
         for (int e = tid; e < QB * D; e += blockDim.x) {
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             }
         }
     }
-    st_trace_mark(ts, 0);
+    st_trace_mark(ts, 2);
     int lim[QPW]; // the last position each of this warp's queries sees; -1: no query
     int wlim = -1;
 #pragma unroll
@@ -389,7 +392,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         }
         __syncwarp(); // Ps is rewritten by the next tile
     }
-    st_trace_mark(ts, 1);
+    st_trace_mark(ts, 3);
 
 #pragma unroll
     for (int jj = 0; jj < QPW; jj++) {
@@ -409,7 +412,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
         }
     }
-    st_trace_mark(ts, 2);
+    st_trace_mark(ts, 4);
     if (p.ns == 1 || !p.counters) return;
 
     // Last block combines. Each block publishes its partials (fence), then counts itself in; the
@@ -425,7 +428,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         s_last = prev == (unsigned)(act - 1);
         if (s_last) *ctr = 0; // every block of this tile has counted: ready for the next launch
     }
-    st_trace_mark(ts, 3);
+    st_trace_mark(ts, 5);
     __syncthreads();
     if (!s_last) return;
     __threadfence();

@@ -90,7 +90,7 @@ typedef struct st_trace_dev {
     unsigned long long *marks; // (cap, ST_TRACE_MARKS): st_trace_mark's times, 0 where none
 } st_trace_dev;
 // Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
-#define ST_TRACE_MARKS 4
+#define ST_TRACE_MARKS 8
 // One copy per translation unit (no relocatable device code): each kernel file binds its own
 // (st_trace_bind_<file>, called by profile.cu).
 static __constant__ st_trace_dev st_trace;
@@ -137,6 +137,18 @@ __device__ __forceinline__ unsigned st_pdl_begin() {
 __device__ __forceinline__ void st_trace_mark(unsigned slot, int k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (slot < st_trace.cap && threadIdx.x == 0) st_trace.marks[(size_t)slot * ST_TRACE_MARKS + k] = st_globaltimer();
+#endif
+}
+
+// STRATA_CUDA_TRACE: block 0's thread 0 loads *p (from L2) and notes point k once the value
+// has arrived: how long a first read of the kernel before's output takes after the wait.
+__device__ __forceinline__ void st_trace_probe(unsigned slot, int k, const float *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (slot < st_trace.cap && threadIdx.x == 0) {
+        float v = __ldcg(p);
+        if (__float_as_uint(v) != 0x7fbadbadu) // (a branch on the value waits for it)
+            st_trace.marks[(size_t)slot * ST_TRACE_MARKS + k] = st_globaltimer();
+    }
 #endif
 }
 
@@ -365,6 +377,34 @@ __device__ __forceinline__ void prefetch_l2(const void *p, size_t n) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
 }
 
+// An L2 policy for weights read once a token: their lines are evicted first, so the kernels'
+// code, the activations and the KV cache are not pushed out of L2 by the ~40 MB a layer streams.
+__device__ __forceinline__ unsigned long long st_l2_evict_first() {
+    unsigned long long pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+// One thread asks L2 for bytes [0, n) at p with that policy (sm_90: bulk prefetches, the copy
+// engine walking the lines; elsewhere one line at a time, without the policy).
+__device__ __forceinline__ void prefetch_l2_bulk(const void *p, size_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned long long pol = st_l2_evict_first();
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)15, e = ((uintptr_t)p + n + 15) & ~(uintptr_t)15;
+    for (; a < e; a += 65536) {
+        unsigned sz = (unsigned)(e - a < 65536 ? e - a : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a), "r"(sz), "l"(pol) : "memory");
+    }
+#else
+    for (size_t off = 0; off < n; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
+#endif
+}
+// prefetch_l2 with the streaming policy: thread 0 of the block issues it.
+__device__ __forceinline__ void prefetch_l2_stream(const void *p, size_t n) {
+    if (threadIdx.x == 0) prefetch_l2_bulk(p, n);
+}
+
 // Asynchronous copies global -> shared (sm_80 and newer): 16 bytes, zeros when !valid (no global
 // read); a thread's copies so far form a group (commit), and wait<N> waits until at most N of its
 // groups are still in flight. Both addresses 16-byte aligned.
@@ -375,6 +415,16 @@ __device__ __forceinline__ void st_cp_async16(void *dst, const void *src, bool v
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(n));
 #else
     *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+// st_cp_async16 (valid) with an L2 policy (st_l2_evict_first).
+__device__ __forceinline__ void st_cp_async16_pol(void *dst, const void *src, unsigned long long pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "l"(pol));
+#else
+    (void)pol;
+    *(uint4 *)dst = *(const uint4 *)src;
 #endif
 }
 __device__ __forceinline__ void st_cp_commit() {

@@ -34,7 +34,17 @@ extern "C" {
 // Tables: copied once per device from the CPU's, outside graph recording (an op's first call
 // is never recorded).
 
+// Switches for comparisons (see the functions that read them).
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '1';
+}
+
 static bool quant_tables_ready[ST_CUQ_MAX_DEV];
+
+// Weights are streamed with an evict-first L2 policy (st_l2_evict_first); STRATA_L2_HINT=0 turns
+// it off for comparisons. Read once per device with the tables.
+static __constant__ int cuq_l2_hint;
 
 static bool quant_tables(st_cuda *c) {
     if (c->device < 0 || c->device >= ST_CUQ_MAX_DEV) {
@@ -48,6 +58,10 @@ static bool quant_tables(st_cuda *c) {
     }
     uint32_t kv[4];
     memcpy(kv, st_kvalues_iq4nl, sizeof kv);
+    static int hint; // (static: the copy below is asynchronous from pageable memory)
+    const char *h = getenv("STRATA_L2_HINT");
+    hint = !(h && h[0] == '0');
+    ST_CU(c, cudaMemcpyToSymbolAsync(cuq_l2_hint, &hint, sizeof hint, 0, cudaMemcpyHostToDevice, c->stream));
     // Copied on first use: an op's first call is never recorded into a graph (cuda.cu runs a
     // window's work eagerly before recording it), so this never runs inside a capture.
     ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq2xxs, st_iq2xxs_grid, sizeof st_iq2xxs_grid, 0, cudaMemcpyHostToDevice, c->stream));
@@ -68,11 +82,6 @@ static bool quant_tables(st_cuda *c) {
 
 static bool is_float_type(st_type t) { return t == ST_TYPE_F32 || t == ST_TYPE_F16 || t == ST_TYPE_BF16; }
 
-// Switches for comparisons (see the functions that read them).
-static bool env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] == '1';
-}
 
 bool st_cuda_type_supported(st_type t) {
     switch (t) {
@@ -396,7 +405,10 @@ __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
                st_norm_in nm) {
     extern __shared__ __align__(16) float mv_rows[];
     int64_t rb0 = (int64_t)blockIdx.x * ST_CUQ_WARPS;
-    prefetch_l2(w + (size_t)rb0 * row_bytes, (size_t)(min(rb0 + ST_CUQ_WARPS, rows) - rb0) * row_bytes);
+    const uint8_t *wb = w + (size_t)rb0 * row_bytes;
+    size_t wn = (size_t)(min(rb0 + ST_CUQ_WARPS, rows) - rb0) * row_bytes;
+    if (cuq_l2_hint) prefetch_l2_stream(wb, wn);
+    else prefetch_l2(wb, wn);
     st_pdl_begin();
     if (nm.x) { // the normed rows in shared memory (block 0: in xn, which later ops read)
         float *rows = blockIdx.x == 0 ? nm.xn : mv_rows;
@@ -598,20 +610,31 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     const bool staged = p.stage && ((uintptr_t)src & 15) == 0 && bytes % 16 == 0;
     uint8_t *tile = mv_smem + p.xbytes;
     if (staged) {
-        for (size_t o = threadIdx.x * (size_t)16; o < bytes; o += blockDim.x * (size_t)16) st_cp_async16(tile + o, src + o, true);
+        if (cuq_l2_hint) {
+            unsigned long long pol = st_l2_evict_first();
+            for (size_t o = threadIdx.x * (size_t)16; o < bytes; o += blockDim.x * (size_t)16) st_cp_async16_pol(tile + o, src + o, pol);
+        } else {
+            for (size_t o = threadIdx.x * (size_t)16; o < bytes; o += blockDim.x * (size_t)16) st_cp_async16(tile + o, src + o, true);
+        }
         st_cp_commit();
+    } else if (cuq_l2_hint) {
+        prefetch_l2_stream(src, bytes);
     } else {
         prefetch_l2(src, bytes);
     }
-    unsigned ts = st_pdl_begin(); // STRATA_CUDA_TRACE marks: 0 input ready, 1 products done, 2 stored
+    // STRATA_CUDA_TRACE marks: 0 a first read of x arrived, 1 norm scales, 2 x quantized, 3 weights
+    // landed, 4 input ready (barrier), 5 products done, 6 stored
+    unsigned ts = st_pdl_begin();
     const int8_t *xq = p.xq;
     const float2 *xds = p.xds;
+    st_trace_probe(ts, 0, p.fused ? p.norm.x ? p.norm.x : p.x : (const float *)p.xds);
     if (p.fused) {
         int8_t *sq = (int8_t *)mv_smem;
         float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
         if (p.norm.x) {
             __shared__ float sc[ST_MV_FUSED_MAX];
             norm_scales(p.norm, nx, p.cols, sc);
+            st_trace_mark(ts, 1);
             quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x, p.norm.y, p.norm.w, sc);
         } else {
             quant_split(p.x, p.cols, NULL, 1, nx, p.cols, sq, sds, threadIdx.x, blockDim.x);
@@ -619,9 +642,11 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
         xq = sq;
         xds = sds;
     }
+    st_trace_mark(ts, 2);
     if (staged) st_cp_wait<0>(); // this thread's copies have landed
+    st_trace_mark(ts, 3);
     if (p.fused || staged) __syncthreads();
-    st_trace_mark(ts, 0);
+    st_trace_mark(ts, 4);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t r0 = blk * ST_MV_ROWS + warp * ST_MV_R;
     if (r0 >= rows) return;
@@ -652,7 +677,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
             }
         }
     }
-    st_trace_mark(ts, 1);
+    st_trace_mark(ts, 5);
     float *y = m.y;
 #pragma unroll
     for (int i = 0; i < ST_MV_R; i++)
@@ -661,7 +686,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
             float s = warp_sum_q(acc[i][j]);
             if (lane == 0 && j < nx && r0 + i < rows) y[(size_t)j * rows + r0 + i] = s;
         }
-    st_trace_mark(ts, 2);
+    st_trace_mark(ts, 6);
 }
 
 // Quantized weights of type T, all nw matrices cols wide, n <= 16: one launch; false when this
@@ -1544,13 +1569,17 @@ __device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2
 // One row with the routing folded in (p.logits): every block ranks the row's logits itself
 // (route_rank) and takes the expert of rank blockIdx.y; block (0, 0) also writes the row's ids
 // and weights and counts them. The row's x is quantized meanwhile, as moe2_one does.
-__device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs) {
+__device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs,
+                               unsigned ts) {
     route_load(p.logits, p.n_route, rs);
     quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                 (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
     __syncthreads();
+    st_trace_mark(ts, 1);
     route_rank(p.n_route, p.k, rs);
+    st_trace_mark(ts, 2);
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
+    st_trace_mark(ts, 3);
     int u = blockIdx.y;
     if (threadIdx.x == 0) s_asg[0] = u;
     *e = moe2_matrix(p, rs.top[u]);
@@ -1585,9 +1614,15 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             wr[i] = p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
     }
     int nchunk = p.cols / 32, half = p.cols / 2;
-    if (!p.early && r0 < p.rows && lane < nchunk)
+    if (cuq_l2_hint) {
+        if (!p.early && r0 < p.rows)
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                if (lane == i) prefetch_l2_bulk(wr[i], GATE && (i & 1) ? p.u_row_bytes : p.g_row_bytes);
+    } else if (!p.early && r0 < p.rows && lane < nchunk) {
 #pragma unroll
         for (int i = 0; i < R; i++) prefetch_chunk<T>(wr[i], lane);
+    }
     int8_t *sq = (int8_t *)moe2_smem;
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
     for (int g0 = 0; g0 < m; g0 += p.gcap) {
@@ -1618,7 +1653,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                 }
             }
         }
-        st_trace_mark(ts, 1); // (block 0: its dot products done)
+        st_trace_mark(ts, 5); // (block 0: its dot products done)
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float s[R];
@@ -1663,32 +1698,40 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
     __shared__ st_route_smem rs;
     extern __shared__ __align__(16) uint8_t moe2_smem[];
     int e = -1, m = 0;
-    unsigned ts; // STRATA_CUDA_TRACE marks: 0 expert and input ready, 1 products done, 2 stored, 3 counted in
+    // STRATA_CUDA_TRACE marks: 0 a first read of the input (the logits where it routes) arrived;
+    // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
+    // ready, 5 products done, 6 stored, 7 counted in (down).
+    unsigned ts;
     if (!GATE && NX == 1 && p.early) {
         constexpr int ROWS = ST_MOE2_WARPS * 2 * P;
         e = moe2_expert_early(p, rs);
         int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
-        if (e >= 0) prefetch_l2(p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes, (size_t)nb * p.g_row_bytes);
+        const uint8_t *rows0 = p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes;
+        if (e >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
+        else if (e >= 0) prefetch_l2(rows0, (size_t)nb * p.g_row_bytes);
         ts = st_pdl_begin();
+        st_trace_probe(ts, 0, p.x + (size_t)blockIdx.y * p.cols);
         if (threadIdx.x == 0) s_asg[0] = blockIdx.y;
         quant_split(p.x + (size_t)blockIdx.y * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                     (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+        st_trace_mark(ts, 2);
         __syncthreads();
         m = e >= 0;
     } else {
         ts = st_pdl_begin();
+        st_trace_probe(ts, 0, routes ? p.logits : p.x);
         if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
             for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
                 int v = p.ids[a];
                 if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
             }
         m = NX != 1 ? moe2_members(p, s_asg, &e)
-          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs)
+          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts)
                     : moe2_one(p, s_asg, &e, moe2_smem);
     }
-    st_trace_mark(ts, 0);
+    st_trace_mark(ts, 4);
     if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1, ts);
-    st_trace_mark(ts, 2);
+    st_trace_mark(ts, 6);
     if (GATE || !p.y) return;
 
     // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
@@ -1702,7 +1745,7 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
         s_last = prev == gridDim.y - 1;
         if (s_last) moe2_counters[blockIdx.x] = 0;
     }
-    st_trace_mark(ts, 3);
+    st_trace_mark(ts, 7);
     __syncthreads();
     if (!s_last) return;
     __threadfence();
