@@ -63,6 +63,10 @@ typedef struct st_attn_args {
     const int32_t *pos;           // (n) backend memory
     int n_rot;
     float rope_base, eps;
+    // The output projection, or NULL: y (n, wo->rows) = wo · out after the attention (out is
+    // still written). A backend may hand out to it quantized as it writes it.
+    const st_mat *wo;
+    float *y;
 } st_attn_args;
 
 // Gated DeltaNet recurrence (REFERENCE.md §3.3) over n rows for h_v value heads of size d,

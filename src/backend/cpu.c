@@ -282,6 +282,7 @@ static void cpu_attention(st_backend *b, const st_attn_args *a) {
                     .per_thread = (size_t)2 * ATTN_TILE * d + (size_t)ATTN_ROWS * G * (d + 2)};
     job.scratch = scratch_get(b, sizeof(float) * job.per_thread * (nth > 0 ? nth : 1));
     st_pool_run(b->pool, attn_worker, &job);
+    if (a->wo) cpu_matmul(b, a->wo, a->out, a->n, a->y);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "quant/quant.h"
 
 static st_backend *cpu, *gpu;
 
@@ -551,6 +552,87 @@ static void run_attn_case(const attn_case *ac) {
     dev_free(kg.k), dev_free(kg.v), dev_free(dpos), free(kc.k), free(kc.v);
 }
 
+// The output projection inside the attention op (st_attn_args.wo): the GPU's y must equal, bit
+// for bit, its own attention followed by its own matmul of the same output (the kernel hands
+// the projection its output quantized as the matmul would have), and the CPU's y within
+// tolerance. Decode steps before and after the context is split among blocks, windows, and a
+// prompt chunk (the tensor-core kernel, which projects the floats).
+static void run_attention_wo(int n_ctx, const int *calls) {
+    const int H = 32, Hkv = 4, D = 128, nv = Hkv * D, cols = H * D, rows = 200;
+    st_kv_layer kc = {.type = ST_KV_F16, .n_ctx = n_ctx, .n_head_kv = Hkv, .head_dim = D,
+                      .row_bytes = st_kv_row_bytes(ST_KV_F16, nv)};
+    st_kv_layer kg = kc;
+    size_t cache_bytes = kc.row_bytes * (size_t)n_ctx;
+    kc.k = calloc(1, cache_bytes), kc.v = calloc(1, cache_bytes);
+    kg.k = dev_put(NULL, cache_bytes), kg.v = dev_put(NULL, cache_bytes);
+    gpu->ops->zero(gpu, kg.k, cache_bytes), gpu->ops->zero(gpu, kg.v, cache_bytes);
+    float *wf = rand_buf((size_t)rows * cols, -1, 1);
+    size_t rb = st_row_bytes(ST_TYPE_Q8_0, cols);
+    char *wq = malloc(rb * rows);
+    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * cols, wq + (size_t)r * rb, cols);
+    st_mat wc = {ST_TYPE_Q8_0, cols, rows, rb, wq}, wg = wc;
+    wg.data = dev_put(wq, rb * rows);
+    float *qn = rand_buf(D, 0.5f, 1.5f), *kn = rand_buf(D, 0.5f, 1.5f);
+    float *dqn = dev_put(qn, sizeof(float) * D), *dkn = dev_put(kn, sizeof(float) * D);
+    int32_t *dpos = dev_put(NULL, sizeof(int32_t));
+    int pos = 0;
+    for (int ci = 0; calls[ci]; ci++) {
+        int n = calls[ci];
+        size_t nq = (size_t)n * H * D, nk = (size_t)n * nv, ny = (size_t)n * rows;
+        float *q = rand_buf(nq, -1, 1), *k = rand_buf(nk, -1, 1), *v = rand_buf(nk, -1, 1);
+        int32_t *rp = malloc(sizeof(int32_t) * n);
+        for (int i = 0; i < n; i++) rp[i] = pos + i;
+        float *out = malloc(sizeof(float) * nq), *y = malloc(sizeof(float) * ny);
+        float *o1 = malloc(sizeof(float) * nq), *o2 = malloc(sizeof(float) * nq);
+        float *y1 = malloc(sizeof(float) * ny), *y2 = malloc(sizeof(float) * ny);
+        float *dk = dev_put(k, sizeof(float) * nk), *dv = dev_put(v, sizeof(float) * nk), *dq = dev_put(NULL, sizeof(float) * nq);
+        float *dout = dev_put(NULL, sizeof(float) * nq), *dy = dev_put(NULL, sizeof(float) * ny);
+        int32_t *drp = dev_put(rp, sizeof(int32_t) * n);
+        int32_t pos_h = pos;
+        gpu->ops->from_host(gpu, dpos, &pos_h, sizeof pos_h);
+        float *qc = malloc(sizeof(float) * nq), *kcp = malloc(sizeof(float) * nk);
+        memcpy(qc, q, sizeof(float) * nq), memcpy(kcp, k, sizeof(float) * nk);
+        st_attn_args a = {.kv = &kc, .pos_dev = &pos_h, .q = qc, .k = kcp, .v = v, .out = out, .n = n, .pos0 = pos,
+                          .n_head = H, .scale = 1.0f / sqrtf((float)D), .q_norm = qn, .k_norm = kn, .pos = rp,
+                          .n_rot = D, .rope_base = 1e6f, .eps = 1e-6f, .wo = &wc, .y = y};
+        cpu->ops->attention(cpu, &a);
+        st_attn_args b = a;
+        b.kv = &kg, b.pos_dev = dpos, b.q = dq, b.k = dk, b.v = dv, b.out = dout, b.q_norm = dqn, b.k_norm = dkn;
+        b.pos = drp, b.wo = &wg, b.y = dy;
+        // Each GPU call gets the raw q and k (a prompt chunk norms them in place).
+        gpu->ops->from_host(gpu, dq, q, sizeof(float) * nq), gpu->ops->from_host(gpu, dk, k, sizeof(float) * nk);
+        gpu->ops->attention(gpu, &b);
+        dev_get(o1, dout, sizeof(float) * nq), dev_get(y1, dy, sizeof(float) * ny);
+        gpu->ops->from_host(gpu, dq, q, sizeof(float) * nq), gpu->ops->from_host(gpu, dk, k, sizeof(float) * nk);
+        b.wo = NULL, b.y = NULL;
+        gpu->ops->attention(gpu, &b); // the same rows stored again at the same positions
+        gpu->ops->matmul(gpu, &wg, dout, n, dy);
+        dev_get(o2, dout, sizeof(float) * nq), dev_get(y2, dy, sizeof(float) * ny);
+        char what[96];
+        snprintf(what, sizeof what, "attention + wo (context %d): n=%d at pos %d", n_ctx, n, pos);
+        if (memcmp(o1, o2, sizeof(float) * nq)) fail_msg("%s: the outputs with and without wo differ", what);
+        for (size_t i = 0; i < ny; i++)
+            if (memcmp(&y1[i], &y2[i], sizeof(float)))
+                fail_msg("%s: y[%zu] = %.9g with wo, %.9g from the separate matmul", what, i, y1[i], y2[i]);
+        // Prompt chunks project through bf16 (dequantized weights, cuBLAS): a looser bound.
+        bool chunk = n > 16;
+        check(what, y, y1, ny, chunk ? 0.4 : 5e-2, chunk ? 3e-2 : 1e-2);
+        pos += n;
+        dev_free(dk), dev_free(dv), dev_free(dq), dev_free(dout), dev_free(dy), dev_free(drp);
+        free(q), free(k), free(v), free(rp), free(out), free(y), free(o1), free(o2), free(y1), free(y2), free(qc), free(kcp);
+    }
+    dev_free(kg.k), dev_free(kg.v), dev_free(dpos), dev_free(dqn), dev_free(dkn), dev_free((void *)wg.data);
+    free(kc.k), free(kc.v), free(wf), free(wq), free(qn), free(kn);
+}
+
+static void test_attention_wo(void **st) {
+    (void)st;
+    static const int split[] = {1, 1, 3, 1, 16, 600, 1, 1, 5, 0}; // the context split among blocks
+    static const int whole[] = {1, 1, 3, 16, 1, 0};               // one block a head: no combine
+    run_attention_wo(1024, split);
+    run_attention_wo(40, whole);
+}
+
 static void test_attention(void **st) {
     (void)st;
     static const int short_calls[] = {17, 1, 1, 3, 16, 100, 1, 5, 0};
@@ -889,6 +971,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gated_rows_and_gates),
             cmocka_unit_test(test_copies),        cmocka_unit_test(test_moe_route),
             cmocka_unit_test(test_argmax),        cmocka_unit_test(test_attention),
+            cmocka_unit_test(test_attention_wo),
             cmocka_unit_test(test_gdn_step),      cmocka_unit_test(test_gdn_chunked),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,11 +42,10 @@ __global__ void kv_store_q8_kernel(st_kv_layer kv, const int32_t *pos_dev, const
         float x = src[(size_t)i * nv + (size_t)blk * QK8_0 + lane];
         float amax = fabsf(x);
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id, d = st_q8_scale(amax, &id);
         char *b = base + (size_t)(pos0 + i) * kv.row_bytes + (size_t)blk * sizeof(block_q8_0);
         if (lane == 0) *(__half *)b = __float2half_rn(d);
-        ((int8_t *)(b + 2))[lane] = (int8_t)roundf(x * id);
+        ((int8_t *)(b + 2))[lane] = (int8_t)st_q8_byte(x, id);
     }
 }
 
@@ -90,6 +89,10 @@ typedef struct attn_params {
     unsigned *counters;
     int n, H, G, nq, ns, min_chunk;
     float scale;
+    // The FP32 kernel with its own combine, or NULL: out also quantized for the output
+    // projection (n rows of H·D in quant_split's layout and arithmetic: the same bits).
+    int8_t *oq;
+    float2 *ods;
 } attn_params;
 
 // Zero at load; the last block of each (query tile, kv head) puts its counter back to zero, so
@@ -219,6 +222,42 @@ __device__ __forceinline__ void attn_norm_rope(const float *x, const float *w, c
         out[k + half] = x1 * c + x0 * sn;
     }
     __syncwarp();
+}
+
+// A warp stores row-head rh's outputs (lane holding elements e·32 + lane: v[e]) to out and,
+// with p.oq, quantized: each e is one chunk of 32 of the row (H·D wide). The sum follows
+// quant_split's order (lanes of four consecutive values, butterflied at 4, 2, 1 of those lanes),
+// so the output projection gets the bits it would have quantized itself.
+template <int EPL>
+__device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, const float (&v)[EPL], int lane) {
+    constexpr int D = EPL * 32;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = v[e];
+    if (!p.oq) return;
+    const int cols = p.H * D;
+    const size_t row = rh / p.H;
+    const int head = (int)(rh % p.H);
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        float x = v[e], amax = fabsf(x);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float x1 = __shfl_down_sync(0xffffffffu, x, 1), x2 = __shfl_down_sync(0xffffffffu, x, 2);
+        float x3 = __shfl_down_sync(0xffffffffu, x, 3);
+        float sum = x + x1 + x2 + x3; // (lanes 4l: values 4l .. 4l+3)
+        sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        float id, d = st_q8_scale(amax, &id);
+        uint32_t b = st_q8_byte(x, id);
+        uint32_t b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2);
+        uint32_t b3 = __shfl_down_sync(0xffffffffu, b, 3);
+        int c = head * EPL + e; // the chunk within the row
+        if ((lane & 3) == 0) {
+            int8_t *q = p.oq + row * cols + (lane < 16 ? c * 16 + lane : cols / 2 + c * 16 + lane - 16);
+            *(uint32_t *)q = b | b1 << 8 | b2 << 16 | b3 << 24;
+        }
+        if (lane == 0) p.ods[row * (cols / 32) + c] = make_float2(d, sum);
+    }
 }
 
 template <int EPL, int QPW>
@@ -402,9 +441,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         if (qi >= p.nq) continue;
         size_t rh = (size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G; // (row, head)
         if (p.ns == 1) {
-            float inv = 1.0f / lsum; // position 0 is always seen: lsum >= 1
+            float inv = 1.0f / lsum, o[EPL]; // position 0 is always seen: lsum >= 1
 #pragma unroll
-            for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = acc[jj][e] * inv;
+            for (int e = 0; e < EPL; e++) o[e] = acc[jj][e] * inv;
+            attn_store_out<EPL>(p, rh, o, lane);
         } else {
             float *pp = p.part + ((size_t)split * p.n * p.H + rh) * (D + 2);
             if (lane == 0) pp[0] = m[jj], pp[1] = lsum;
@@ -462,7 +502,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             for (int e = 0; e < EPL; e++) a[e] += f * __ldcg(base + s2 * ss + 2 + e * 32 + lane);
         }
 #pragma unroll
-        for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = a[e] / ls;
+        for (int e = 0; e < EPL; e++) a[e] = a[e] / ls;
+        attn_store_out<EPL>(p, rh, a, lane);
         __syncwarp(); // fw is rewritten for the next query
     }
 }
@@ -882,6 +923,16 @@ static bool attn_old(void) {
     return old == 1;
 }
 
+// STRATA_ATTN_WO=0: the output projection quantizes the floats itself (for an A/B); read once.
+static bool attn_wo_floats(void) {
+    static int floats = -1;
+    if (floats < 0) {
+        const char *e = getenv("STRATA_ATTN_WO");
+        floats = e && e[0] == '0';
+    }
+    return floats == 1;
+}
+
 // The device address of attn_counters (per device; looked up on the first, eager, call of a
 // window, so never while recording).
 static unsigned *attn_counters_of(st_cuda *c) {
@@ -946,21 +997,33 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     }
     if (!fuse) ST_CU_LAUNCHED(c, "kv store");
 
+    // The FP32 kernel with its own combine quantizes its output for a quantized projection.
+    const st_mat *wo = a->wo;
+    bool float_wo = wo && (wo->type == ST_TYPE_F32 || wo->type == ST_TYPE_F16 || wo->type == ST_TYPE_BF16);
+    if (wo && !tc && fuse && !attn_wo_floats() && p.counters && !float_wo && a->n <= ST_CUDA_GRAPH_ROWS && wo->cols == (int64_t)a->n_head * D) {
+        size_t cols = (size_t)a->n_head * D, qb = ((size_t)a->n * cols + 255) / 256 * 256;
+        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ATTQ, qb + sizeof(float2) * (size_t)a->n * (cols / 32));
+        if (!buf) return; // error kept
+        p.oq = (int8_t *)buf, p.ods = (float2 *)(buf + qb);
+    }
+
     // Tiles of 64 positions where they fit the shared memory, else 32 (head_dim 128 on sm_86/89,
     // 256 everywhere).
-    if (tc) {
-        int T = a->n > ST_CUDA_GRAPH_ROWS ? a->pos0 + a->n : kv->n_ctx;
-        size_t optin = c->prop.sharedMemPerBlockOptin;
-        if (D == 64) return attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
-        if (D == 128 && tc_shape<128, 64>::smem <= optin) return attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
-        if (D == 128) return attn_tc_launch<128, 32>(c, &p, kv->n_head_kv, T);
-        if (tc_shape<256, 32>::smem <= optin) return attn_tc_launch<256, 32>(c, &p, kv->n_head_kv, T);
-    }
-    switch (D / 32) {
+    size_t optin = c->prop.sharedMemPerBlockOptin;
+    int T = a->n > ST_CUDA_GRAPH_ROWS ? a->pos0 + a->n : kv->n_ctx;
+    if (tc && D == 64) attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
+    else if (tc && D == 128 && tc_shape<128, 64>::smem <= optin) attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
+    else if (tc && D == 128) attn_tc_launch<128, 32>(c, &p, kv->n_head_kv, T);
+    else if (tc && tc_shape<256, 32>::smem <= optin) attn_tc_launch<256, 32>(c, &p, kv->n_head_kv, T);
+    else switch (D / 32) {
 #define CASE(E) case E: attn_dispatch<E>(c, &p, kv->n_head_kv, kv->n_ctx); break;
-    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
+    if (!wo) return;
+    bool q8 = p.oq && (p.ns == 1 || p.counters); // (else the combine kernel wrote out, as floats)
+    if (q8 && st_cuda_matmul_q8(b, wo, p.oq, p.ods, a->n, a->y)) return;
+    st_cuda_matmul(b, wo, a->out, a->n, a->y);
 }
 
 // STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).

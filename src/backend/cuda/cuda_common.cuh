@@ -22,6 +22,7 @@ enum {
     ST_SCR_GDN,   // chunked DeltaNet buffers
     ST_SCR_MISC,
     ST_SCR_MOEMAP, // expert ids mapped to cache slots
+    ST_SCR_ATTQ,   // attention output quantized for the output projection
     ST_SCR_COUNT
 };
 
@@ -377,6 +378,16 @@ __device__ __forceinline__ void prefetch_l2(const void *p, size_t n) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + off));
 }
 
+// Activations to 8 bits (q8_1 style, as the CPU's q8_0): the scale of a block of 32 whose
+// largest magnitude is amax, its inverse, and one value rounded half away from zero. Every
+// kernel that quantizes activations goes through these, so each gets the same bits.
+__device__ __forceinline__ float st_q8_scale(float amax, float *inv) {
+    float d = amax / 127.0f;
+    *inv = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+__device__ __forceinline__ uint32_t st_q8_byte(float x, float inv) { return (uint8_t)(int8_t)roundf(x * inv); }
+
 // An L2 policy for weights read once a token: their lines are evicted first, so the kernels'
 // code, the activations and the KV cache are not pushed out of L2 by the ~40 MB a layer streams.
 __device__ __forceinline__ unsigned long long st_l2_evict_first() {
@@ -508,6 +519,10 @@ void st_cuda_trace_stop(st_cuda *c); // prints the table
 // quant_matmul.cu: quantized weights
 void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y);
 void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y);
+// y = w · x for x given quantized (n <= ST_CUDA_GRAPH_ROWS rows of w->cols in quant_split's
+// layout: int8 values, then {scale, sum} per 32): false where this does not apply (float
+// weights), and the caller multiplies the floats instead.
+bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y);
 void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
                          float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out);
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);

@@ -349,7 +349,7 @@ void st_cuda_profile_report(const st_cuda *c) {
     if (!inner || !n_prof) return;
     // The work buffers only grow, so at close they show the peak a run needed: what the memory
     // plan's allowance for them (st_state_plan_bytes) has to cover.
-    static const char *names[] = {"act", "deq", "attn", "moe", "moe2", "gdn", "misc", "moemap"};
+    static const char *names[] = {"act", "deq", "attn", "moe", "moe2", "gdn", "misc", "moemap", "attq"};
     static_assert(sizeof names / sizeof names[0] == ST_SCR_COUNT, "a name per work buffer");
     size_t all = 0;
     fprintf(stderr, "\nGPU work buffers at close (MiB):");

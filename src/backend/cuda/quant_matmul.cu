@@ -39,6 +39,10 @@ static bool env_on(const char *name) {
     const char *v = getenv(name);
     return v && v[0] == '1';
 }
+static bool env_is_0(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '0';
+}
 
 static bool quant_tables_ready[ST_CUQ_MAX_DEV];
 
@@ -59,8 +63,7 @@ static bool quant_tables(st_cuda *c) {
     uint32_t kv[4];
     memcpy(kv, st_kvalues_iq4nl, sizeof kv);
     static int hint; // (static: the copy below is asynchronous from pageable memory)
-    const char *h = getenv("STRATA_L2_HINT");
-    hint = !(h && h[0] == '0');
+    hint = !env_is_0("STRATA_L2_HINT");
     ST_CU(c, cudaMemcpyToSymbolAsync(cuq_l2_hint, &hint, sizeof hint, 0, cudaMemcpyHostToDevice, c->stream));
     // Copied on first use: an op's first call is never recorded into a graph (cuda.cu runs a
     // window's work eagerly before recording it), so this never runs inside a capture.
@@ -132,9 +135,8 @@ __global__ void quantize_q8_kernel(const float *x, int64_t nblocks, int8_t *q, f
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
-    float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    q[blk * 32 + lane] = (int8_t)roundf(v * id);
+    float id, d = st_q8_scale(amax, &id);
+    q[blk * 32 + lane] = (int8_t)st_q8_byte(v, id);
     if (lane == 0) ds[blk] = make_float2(d, sum);
 }
 
@@ -472,63 +474,78 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
 #define ST_MV_SMEM_MAX (48 * 1024) // static limit of dynamic shared memory without an opt-in
 #define ST_MV_TILE_MAX (40 * 1024) // staged weight rows of a block: rows of up to ~9,600 Q8_0 columns
 
+// One chunk of 32 values quantized by four lanes (l4 = lane & 3): lane l4 holds values 4·l4 ..
+// 4·l4+3 (v0) and 16+4·l4 .. 16+4·l4+3 (v1). Every lane of the warp calls it (shuffles within
+// groups of four). The sum is that of eight lanes of four values butterflied at 4, 2, 1 (an
+// earlier layout's order: the same bits); scale amax/127, round half away from zero. With
+// store, 4 bytes go to each half (q0: the first 16 values, q1: the second) and lane l4 == 0
+// writes {scale, sum} to *ds.
+__device__ __forceinline__ void quant_chunk4(float4 v0, float4 v1, int l4, bool store, int8_t *q0, int8_t *q1,
+                                             float2 *ds) {
+    float amax = fmaxf(fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v0.z), fabsf(v0.w))),
+                       fmaxf(fmaxf(fabsf(v1.x), fabsf(v1.y)), fmaxf(fabsf(v1.z), fabsf(v1.w))));
+    float sum = (v0.x + v0.y + v0.z + v0.w) + (v1.x + v1.y + v1.z + v1.w);
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    float id, d = st_q8_scale(amax, &id);
+    if (!store) return;
+    uint32_t a0 = st_q8_byte(v0.x, id), a1 = st_q8_byte(v0.y, id), a2 = st_q8_byte(v0.z, id), a3 = st_q8_byte(v0.w, id);
+    uint32_t b0 = st_q8_byte(v1.x, id), b1 = st_q8_byte(v1.y, id), b2 = st_q8_byte(v1.z, id), b3 = st_q8_byte(v1.w, id);
+    *(uint32_t *)q0 = a0 | a1 << 8 | a2 << 16 | a3 << 24;
+    *(uint32_t *)q1 = b0 | b1 << 8 | b2 << 16 | b3 << 24;
+    if (l4 == 0) *ds = make_float2(d, sum);
+}
+
 // Quantized x in the split layout: row j's q (cols bytes) holds the first 16 values of every
 // chunk (16 bytes per chunk), then the second 16 of every chunk, so lanes reading consecutive
 // chunks read consecutive 16-byte words (no bank conflicts); ds (nchunk float2) per row.
-// Values as quantize_q8_kernel: scale amax/127, round half away from zero.
+// Values as quantize_q8_kernel: scale amax/127, round half away from zero (quant_chunk4).
 // Row j of the window is x row j, or rl[j] / rdiv when a row list is given (experts' members).
 // With sc (the norm's scales, one per row): x (+ y) · sc[row] · gw (gw NULL: 1), the norm's own
-// operations (rms_row), quantized.
+// operations (rms_row), quantized. Four lanes a chunk, all of a thread's loads issued together
+// (H200: a block of 128 threads quantizes 4,096 values in one round trip to L2).
 __device__ __forceinline__ void quant_split(const float *x, int64_t ldx, const int *rl, int rdiv, int nx, int cols,
                                             int8_t *q, float2 *ds, int tid, int nthreads, const float *y = NULL,
                                             const float *gw = NULL, const float *sc = NULL) {
     int nchunk = cols / 32, groups = nx * nchunk;
-    int lane = tid & 31, l8 = lane & 7;
-    // Four chunks per warp and step, eight lanes per chunk, four floats per lane; every lane
-    // runs every step (the shuffles need the whole warp). U steps' loads are issued together.
+    int l4 = tid & 3;
     constexpr int U = 4;
-    int stride = (nthreads >> 5) * 4;
-    for (int g0 = (tid >> 5) * 4; g0 < groups; g0 += stride * U) {
-        float4 v[U];
+    int stride = nthreads >> 2; // chunks a step
+    for (int g0 = tid >> 2; g0 - (tid >> 2) < groups; g0 += stride * U) {
+        float4 v[U][2];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int g = g0 + u * stride + (lane >> 3);
-            v[u] = make_float4(0, 0, 0, 0);
+            int g = g0 + u * stride;
+            v[u][0] = v[u][1] = make_float4(0, 0, 0, 0);
             if (g < groups) {
-                int j = g / nchunk, xrow = rl ? rl[j] / rdiv : j;
-                size_t at = (size_t)xrow * ldx + (size_t)(g % nchunk) * 32 + 4 * l8;
-                v[u] = *(const float4 *)(x + at);
-                if (sc) {
-                    float4 a = v[u], w4 = gw ? *(const float4 *)(gw + (size_t)(g % nchunk) * 32 + 4 * l8) : make_float4(1, 1, 1, 1);
-                    if (y) {
-                        float4 c = *(const float4 *)(y + at);
-                        a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                int j = g / nchunk, c = g % nchunk, xrow = rl ? rl[j] / rdiv : j;
+                size_t at = (size_t)xrow * ldx + (size_t)c * 32 + 4 * l4;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float4 a = *(const float4 *)(x + at + 16 * h);
+                    if (sc) {
+                        float4 w4 = gw ? *(const float4 *)(gw + (size_t)c * 32 + 4 * l4 + 16 * h) : make_float4(1, 1, 1, 1);
+                        if (y) {
+                            float4 b = *(const float4 *)(y + at + 16 * h);
+                            a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+                        }
+                        float s = sc[j];
+                        a = make_float4(a.x * s * w4.x, a.y * s * w4.y, a.z * s * w4.z, a.w * s * w4.w);
                     }
-                    float s = sc[j];
-                    v[u] = make_float4(a.x * s * w4.x, a.y * s * w4.y, a.z * s * w4.z, a.w * s * w4.w);
+                    v[u][h] = a;
                 }
             }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int g = g0 + u * stride + (lane >> 3);
-            float amax = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
-            float sum = v[u].x + v[u].y + v[u].z + v[u].w;
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) {
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            }
-            float d = amax / 127.0f;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            uint32_t b0 = (uint8_t)(int8_t)roundf(v[u].x * id), b1 = (uint8_t)(int8_t)roundf(v[u].y * id);
-            uint32_t b2 = (uint8_t)(int8_t)roundf(v[u].z * id), b3 = (uint8_t)(int8_t)roundf(v[u].w * id);
-            if (g < groups) {
-                int j = g / nchunk, c = g % nchunk;
-                int8_t *qr = q + (size_t)j * cols + (l8 >> 2) * (cols / 2) + c * 16 + (l8 & 3) * 4;
-                *(uint32_t *)qr = b0 | b1 << 8 | b2 << 16 | b3 << 24;
-                if (l8 == 0) ds[(size_t)j * nchunk + c] = make_float2(d, sum);
-            }
+            if (g0 - (tid >> 2) + u * stride >= groups) break; // (the same for the whole block)
+            int g = g0 + u * stride;
+            bool ok = g < groups;
+            int j = ok ? g / nchunk : 0, c = ok ? g % nchunk : 0;
+            int8_t *q0 = q + (size_t)j * cols + c * 16 + 4 * l4;
+            quant_chunk4(v[u][0], v[u][1], l4, ok, q0, q0 + cols / 2, ds + (size_t)j * nchunk + c);
         }
     }
 }
@@ -692,9 +709,10 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
 // Quantized weights of type T, all nw matrices cols wide, n <= 16: one launch; false when this
 // path does not apply (x not 16-byte aligned).
 // With nm, the blocks norm x themselves first (n <= ST_MV_FUSED_MAX: false otherwise).
+// With xq (and xds), x arrives quantized already (quant_split's layout) and x is not read.
 template <int T>
 static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float *x, int n, float *const *y,
-                        const st_norm_in *nm = NULL) {
+                        const st_norm_in *nm = NULL, const int8_t *xq = NULL, const float2 *xds = NULL) {
     int64_t cols = w[0]->cols;
     if (((uintptr_t)x & 15) || cols % 32 || nw > ST_MATMUL_MANY) return false;
     if (nm && (n > ST_MV_FUSED_MAX || (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32) > ST_MV_SMEM_MAX))
@@ -708,7 +726,9 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
     p.nm = nw, p.cols = (int)cols, p.nx = n, p.x = x;
     size_t xbytes = (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32);
     size_t smem = 0;
-    if (n <= ST_MV_FUSED_MAX && xbytes <= ST_MV_SMEM_MAX) {
+    if (xq) {
+        p.xq = xq, p.xds = xds;
+    } else if (n <= ST_MV_FUSED_MAX && xbytes <= ST_MV_SMEM_MAX) {
         if (nm) p.norm = *nm;
         p.fused = true;
         smem = align_up16(xbytes);
@@ -1102,6 +1122,21 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
     }
 }
 
+bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y) {
+    st_cuda *c = st_cuda_of(b);
+    if (n <= 0 || c->err) return true;
+    if (n > ST_CUDA_GRAPH_ROWS || is_float_type(w->type) || w->cols % 32 || env_on("STRATA_CUQ_OLD")) return false;
+    if (!check_mat(c, "matmul", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return true;
+    bool done = false;
+    switch (w->type) {
+#define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, NULL, n, &y, NULL, xq, xds); break;
+        ST_CUQ_QUANT_TYPES(CASE)
+#undef CASE
+    default: break;
+    }
+    return done;
+}
+
 void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || nw <= 0 || nw > ST_MATMUL_MANY || c->err) return;
@@ -1493,6 +1528,11 @@ struct st_moe2_args {
     // Down's combine, or NULL: y += sigmoid(gated_s[i]) · gated_o row i after the routed sum
     // (the shared expert's output; add_gated_rows' arithmetic).
     const float *gated_o, *gated_s;
+    // One row, or NULL: h quantized (na, rows of gate/up, split layout) and its {scale, sum}.
+    // Each gate/up block quantizes the chunk of 32 outputs it computed (its row tile) and writes
+    // it here; the down kernel reads it instead of quantizing h in every block.
+    int8_t *hq;
+    float2 *hds;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1552,15 +1592,16 @@ __device__ int moe2_members(const st_moe2_args &p, int *s_asg, int *e) {
 // were two the same, each slot would still compute its own assignment). Its input row (x row 0
 // for gate/up, h row u for down) does not depend on the expert, so it is quantized into shared
 // memory while the id loads, and one barrier serves both. Returns 1, or 0 for an idle slot.
-__device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem) {
+__device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, bool quantized) {
     __shared__ int s_sel;
     int u = blockIdx.y;
     if (threadIdx.x == 0) {
         s_sel = moe2_matrix(p, p.ids[u]);
         s_asg[0] = u;
     }
-    quant_split(p.x + (size_t)(u / p.rdiv) * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
-                (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+    if (!quantized) // (else the down kernel's h is in p.hq)
+        quant_split(p.x + (size_t)(u / p.rdiv) * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                    (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
     __syncthreads();
     *e = s_sel;
     return s_sel >= 0;
@@ -1592,10 +1633,11 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
 // member plan and quantized rows among more weight rows (at one row the down product, whose
 // rows are only 24 chunks long at the 30B shape, is otherwise mostly the block's set-up).
 // The rows of one expert (e, with m members s_asg) a block of moe2_kernel computes; with ready,
-// the members' rows are in shared memory already (moe2_one).
+// the members' rows are in shared memory already (moe2_one), or in p.hq (down, one row). With
+// sh (gate/up, one row), the outputs also go to sh[row within the tile].
 template <int T, int NX, bool GATE, int P>
 __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
-                                          bool ready, unsigned ts) {
+                                          bool ready, unsigned ts, float *sh) {
     constexpr int R = 2 * P;             // weight rows per warp
     constexpr int WR = GATE ? P : 2 * P; // output rows per warp
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1625,6 +1667,9 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
     }
     int8_t *sq = (int8_t *)moe2_smem;
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
+    const int8_t *xq = sq;
+    const float2 *xds = sds;
+    if (!GATE && NX == 1 && p.hq) xq = p.hq + (size_t)s_asg[0] * p.cols, xds = p.hds + (size_t)s_asg[0] * nchunk;
     for (int g0 = 0; g0 < m; g0 += p.gcap) {
         int gn = m - g0 < p.gcap ? m - g0 : p.gcap;
         if (!ready) {
@@ -1645,9 +1690,9 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
 #pragma unroll
             for (int j = 0; j < NX; j++) {
                 if (j < gn) {
-                    const int8_t *q = sq + (size_t)j * p.cols + c * 16;
+                    const int8_t *q = xq + (size_t)j * p.cols + c * 16;
                     int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
-                    float2 ds = sds[(size_t)j * nchunk + c];
+                    float2 ds = xds[(size_t)j * nchunk + c];
 #pragma unroll
                     for (int i = 0; i < R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
                 }
@@ -1664,8 +1709,13 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
 #pragma unroll
                 for (int i = 0; i < WR; i++) {
                     if (r0 + i >= p.rows) break;
-                    if (GATE) o[i] = s[2 * i] / (1.0f + expf(-s[2 * i])) * s[2 * i + 1];
-                    else o[i] = s[i];
+                    if (GATE) {
+                        float v = s[2 * i] / (1.0f + expf(-s[2 * i])) * s[2 * i + 1];
+                        o[i] = v;
+                        if (sh) sh[warp * WR + i] = v;
+                    } else {
+                        o[i] = s[i];
+                    }
                 }
             }
         }
@@ -1712,8 +1762,9 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
         ts = st_pdl_begin();
         st_trace_probe(ts, 0, p.x + (size_t)blockIdx.y * p.cols);
         if (threadIdx.x == 0) s_asg[0] = blockIdx.y;
-        quant_split(p.x + (size_t)blockIdx.y * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
-                    (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+        if (!p.hq)
+            quant_split(p.x + (size_t)blockIdx.y * p.cols, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                        (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
         st_trace_mark(ts, 2);
         __syncthreads();
         m = e >= 0;
@@ -1727,11 +1778,24 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
             }
         m = NX != 1 ? moe2_members(p, s_asg, &e)
           : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts)
-                    : moe2_one(p, s_asg, &e, moe2_smem);
+                    : moe2_one(p, s_asg, &e, moe2_smem, !GATE && p.hq);
     }
     st_trace_mark(ts, 4);
-    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1, ts);
+    // One row's gate/up: the tile's outputs (one chunk, ST_MOE2_WARPS * P == 32 rows) quantized
+    // by warp 0 for the down kernel.
+    constexpr bool HQ = GATE && NX == 1 && ST_MOE2_WARPS * P == 32;
+    __shared__ __align__(16) float s_h[HQ ? 32 : 1];
+    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1, ts, HQ && p.hq ? s_h : NULL);
     st_trace_mark(ts, 6);
+    if (HQ && p.hq && m > 0) {
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            int l4 = threadIdx.x & 3, c = blockIdx.x;
+            float4 v0 = *(const float4 *)(s_h + 4 * l4), v1 = *(const float4 *)(s_h + 16 + 4 * l4);
+            int8_t *q0 = p.hq + (size_t)blockIdx.y * p.rows + c * 16 + 4 * l4;
+            quant_chunk4(v0, v1, l4, threadIdx.x < 4, q0, q0 + p.rows / 2, p.hds + (size_t)blockIdx.y * (p.rows / 32) + c);
+        }
+    }
     if (GATE || !p.y) return;
 
     // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
@@ -1826,9 +1890,11 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     if (!moe2_fits(a)) return false;
     int nxt = n == 1 ? 1 : n <= 4 ? 4 : 16;
     int cap_g = (int)(ST_MOE2_SMEM_MAX / (d + d / 4)), cap_d = (int)(ST_MOE2_SMEM_MAX / (F + F / 4));
-    // MOE: h (na, F) | o (na, d)
-    size_t h_b = align256(sizeof(float) * (size_t)na * F);
-    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, h_b + sizeof(float) * (size_t)na * d);
+    // MOE: h (na, F) | o (na, d) | one row: h quantized (na, F) | its {scale, sum} (na, F / 32)
+    size_t h_b = align256(sizeof(float) * (size_t)na * F), o_b = align256(sizeof(float) * (size_t)na * d);
+    size_t hq_b = align256((size_t)na * F);
+    bool hq = n == 1 && !env_is_0("STRATA_MOE_HQ");
+    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, h_b + o_b + (hq ? hq_b + sizeof(float2) * (size_t)na * (F / 32) : 0));
     if (!m) return true; // error kept
     float *h = (float *)m, *o = (float *)(m + h_b);
 
@@ -1857,6 +1923,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     p.rdiv = k;
     p.gcap = cap_g < nxt ? cap_g : nxt;
     p.out = h;
+    if (hq) p.hq = (int8_t *)(m + h_b + o_b), p.hds = (float2 *)(m + h_b + o_b + hq_b);
     switch (gate->type) {
 #define CASE(T) case T: moe2_launch<T, true>(c, p, n); break;
         ST_CUQ_QUANT_TYPES(CASE)
