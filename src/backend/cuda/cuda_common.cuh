@@ -211,6 +211,16 @@ __device__ __forceinline__ float sumsq4(float ss, float4 a) {
     return fmaf(a.w, a.w, fmaf(a.z, a.z, fmaf(a.y, a.y, fmaf(a.x, a.x, ss))));
 }
 
+// STRATA_NORM_PRELOAD=1 (to be measured on the GPU): rms_sumsq and rms_row issue all of a
+// thread's loads before using any. In the plain loops each float4's load sits in its own branch
+// and the compiler keeps it below the store to xo before it (xo may alias x), so the SASS waits
+// one L2 round trip per float4: the trace puts the norm's sums at ~4 us of a q/k/v kernel.
+// One copy per translation unit, set when the backend starts (st_norm_bind_<file>).
+static __constant__ int st_norm_preload;
+static inline cudaError_t st_norm_bind_unit(int on) { return cudaMemcpyToSymbol(st_norm_preload, &on, sizeof on); }
+cudaError_t st_norm_bind_ops(int on);
+cudaError_t st_norm_bind_quant(int on);
+
 // The sum of squares of one row a = x (+ y when given) of d floats, by the whole block (every
 // thread gets it); a written to xo when given. With vec4 (d % 4 == 0, 16-byte aligned rows)
 // 16-byte accesses, and the first RMS_KEEP float4 of each thread are kept in registers for the
@@ -223,18 +233,43 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
         const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
         float4 *xo4 = (float4 *)xo;
         const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
+        if (st_norm_preload) {
+            // Every load first; an index past the row reads its last float4, unused.
+            float4 yk[RMS_KEEP];
 #pragma unroll
-        for (int k = 0; k < RMS_KEEP; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < d4) {
-                float4 a = x4[j];
-                if (y4) {
-                    float4 c = y4[j];
-                    a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
-                    if (xo4) xo4[j] = a;
+            for (int k = 0; k < RMS_KEEP; k++) {
+                int j = min((int)(threadIdx.x + k * blockDim.x), d4 - 1);
+                keep[k] = x4[j];
+                yk[k] = y4 ? y4[j] : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int k = 0; k < RMS_KEEP; k++) {
+                int j = threadIdx.x + k * blockDim.x;
+                if (j < d4) {
+                    float4 a = keep[k];
+                    if (y4) {
+                        float4 c = yk[k];
+                        a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                        if (xo4) xo4[j] = a;
+                    }
+                    keep[k] = a;
+                    ss = sumsq4(ss, a);
                 }
-                keep[k] = a;
-                ss = sumsq4(ss, a);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < RMS_KEEP; k++) {
+                int j = threadIdx.x + k * blockDim.x;
+                if (j < d4) {
+                    float4 a = x4[j];
+                    if (y4) {
+                        float4 c = y4[j];
+                        a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                        if (xo4) xo4[j] = a;
+                    }
+                    keep[k] = a;
+                    ss = sumsq4(ss, a);
+                }
             }
         }
         for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
@@ -272,12 +307,27 @@ __device__ __forceinline__ float rms_row(const float *x, const float *y, float *
         const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y, *w4 = (const float4 *)w;
         float4 *xo4 = (float4 *)xo, *n4 = (float4 *)out;
         const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
+        if (st_norm_preload) {
+            float4 g[RMS_KEEP]; // (every load first, as in rms_sumsq)
 #pragma unroll
-        for (int k = 0; k < RMS_KEEP; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < d4) {
-                float4 a = keep[k], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
-                n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+            for (int k = 0; k < RMS_KEEP; k++)
+                g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), d4 - 1)] : make_float4(1, 1, 1, 1);
+#pragma unroll
+            for (int k = 0; k < RMS_KEEP; k++) {
+                int j = threadIdx.x + k * blockDim.x;
+                if (j < d4) {
+                    float4 a = keep[k];
+                    n4[j] = make_float4(a.x * s * g[k].x, a.y * s * g[k].y, a.z * s * g[k].z, a.w * s * g[k].w);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < RMS_KEEP; k++) {
+                int j = threadIdx.x + k * blockDim.x;
+                if (j < d4) {
+                    float4 a = keep[k], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
+                    n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
+                }
             }
         }
         for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {

@@ -2398,3 +2398,4 @@ static void moe_dispatch(st_cuda *c, const st_moe_args *a, bool *gated) {
 
 // STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
 cudaError_t st_trace_bind_quant(const st_trace_dev *t) { return st_trace_bind_unit(t); }
+cudaError_t st_norm_bind_quant(int on) { return st_norm_bind_unit(on); }
