@@ -233,9 +233,9 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
         const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
         float4 *xo4 = (float4 *)xo;
         const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
-        if (st_norm_preload) {
-            // Every load first; an index past the row reads its last float4, unused.
-            float4 yk[RMS_KEEP];
+        // (st_norm_preload: every load first; an index past the row reads its last float4, unused)
+        float4 yk[RMS_KEEP];
+        if (st_norm_preload)
 #pragma unroll
             for (int k = 0; k < RMS_KEEP; k++) {
                 int j = min((int)(threadIdx.x + k * blockDim.x), d4 - 1);
@@ -243,33 +243,17 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
                 yk[k] = y4 ? y4[j] : make_float4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int k = 0; k < RMS_KEEP; k++) {
-                int j = threadIdx.x + k * blockDim.x;
-                if (j < d4) {
-                    float4 a = keep[k];
-                    if (y4) {
-                        float4 c = yk[k];
-                        a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
-                        if (xo4) xo4[j] = a;
-                    }
-                    keep[k] = a;
-                    ss = sumsq4(ss, a);
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < d4) {
+                float4 a = st_norm_preload ? keep[k] : x4[j];
+                if (y4) {
+                    float4 c = st_norm_preload ? yk[k] : y4[j];
+                    a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
+                    if (xo4) xo4[j] = a;
                 }
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < RMS_KEEP; k++) {
-                int j = threadIdx.x + k * blockDim.x;
-                if (j < d4) {
-                    float4 a = x4[j];
-                    if (y4) {
-                        float4 c = y4[j];
-                        a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
-                        if (xo4) xo4[j] = a;
-                    }
-                    keep[k] = a;
-                    ss = sumsq4(ss, a);
-                }
+                keep[k] = a;
+                ss = sumsq4(ss, a);
             }
         }
         for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
@@ -307,27 +291,17 @@ __device__ __forceinline__ float rms_row(const float *x, const float *y, float *
         const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y, *w4 = (const float4 *)w;
         float4 *xo4 = (float4 *)xo, *n4 = (float4 *)out;
         const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
-        if (st_norm_preload) {
-            float4 g[RMS_KEEP]; // (every load first, as in rms_sumsq)
+        float4 g[RMS_KEEP]; // (st_norm_preload: every load first, as in rms_sumsq)
+        if (st_norm_preload)
 #pragma unroll
             for (int k = 0; k < RMS_KEEP; k++)
                 g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), d4 - 1)] : make_float4(1, 1, 1, 1);
 #pragma unroll
-            for (int k = 0; k < RMS_KEEP; k++) {
-                int j = threadIdx.x + k * blockDim.x;
-                if (j < d4) {
-                    float4 a = keep[k];
-                    n4[j] = make_float4(a.x * s * g[k].x, a.y * s * g[k].y, a.z * s * g[k].z, a.w * s * g[k].w);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < RMS_KEEP; k++) {
-                int j = threadIdx.x + k * blockDim.x;
-                if (j < d4) {
-                    float4 a = keep[k], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
-                    n4[j] = make_float4(a.x * s * g.x, a.y * s * g.y, a.z * s * g.z, a.w * s * g.w);
-                }
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < d4) {
+                float4 a = keep[k], gk = st_norm_preload ? g[k] : w4 ? w4[j] : make_float4(1, 1, 1, 1);
+                n4[j] = make_float4(a.x * s * gk.x, a.y * s * gk.y, a.z * s * gk.z, a.w * s * gk.w);
             }
         }
         for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
