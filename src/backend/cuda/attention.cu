@@ -453,7 +453,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         }
     }
     st_trace_mark(ts, 4);
-    if (p.ns == 1 || !p.counters) return;
+    if (p.ns == 1 || !p.counters) {
+        st_trace_end();
+        return;
+    }
 
     // Last block combines. Each block publishes its partials (fence), then counts itself in; the
     // one that brings the count to the number of active splits reads everyone's partials from L2
@@ -470,7 +473,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     }
     st_trace_mark(ts, 5);
     __syncthreads();
-    if (!s_last) return;
+    if (!s_last) {
+        st_trace_end();
+        return;
+    }
     __threadfence();
     static_assert(S::smem >= sizeof(float) * ATTN_WARPS * 256, "combine weights: 256 splits per warp");
     float *fw = (float *)sm4 + w * 256; // e^{m_s − M} of this warp's query (the tiles are done with)
@@ -481,22 +487,38 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         if (qi >= p.nq) break; // (warp-uniform)
         size_t rh = (size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G;
         const float *base = p.part + rh * (D + 2);
-        float mx = -INFINITY;
-        for (int s2 = lane; s2 < act; s2 += 32) mx = fmaxf(mx, __ldcg(base + s2 * ss));
+        // One round trip for the usual few splits: each lane's (m, l) of split `lane` and the
+        // first CB splits' values are loaded together, then the sums run in their order.
+        constexpr int CB = 8;
+        float m0 = lane < act ? __ldcg(base + lane * ss) : -INFINITY, l0 = lane < act ? __ldcg(base + lane * ss + 1) : 0.0f;
+        float av[CB][EPL];
+#pragma unroll
+        for (int s2 = 0; s2 < CB; s2++)
+#pragma unroll
+            for (int e = 0; e < EPL; e++) av[s2][e] = s2 < act ? __ldcg(base + s2 * ss + 2 + e * 32 + lane) : 0.0f;
+        float mx = fmaxf(-INFINITY, m0);
+        for (int s2 = lane + 32; s2 < act; s2 += 32) mx = fmaxf(mx, __ldcg(base + s2 * ss));
         mx = attn_warp_max(mx); // finite: split 0 sees position 0
         float ls = 0.0f;
         for (int s2 = lane; s2 < act; s2 += 32) {
-            float ms = __ldcg(base + s2 * ss), f = ms == -INFINITY ? 0.0f : expf(ms - mx);
+            float ms = s2 == lane ? m0 : __ldcg(base + s2 * ss), f = ms == -INFINITY ? 0.0f : expf(ms - mx);
             fw[s2] = f;
-            ls += __ldcg(base + s2 * ss + 1) * f;
+            ls += (s2 == lane ? l0 : __ldcg(base + s2 * ss + 1)) * f;
         }
         for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
         __syncwarp(); // fw is written
         float a[EPL];
 #pragma unroll
         for (int e = 0; e < EPL; e++) a[e] = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < CB; s2++)
+            if (s2 < act) {
+                float f = fw[s2];
+#pragma unroll
+                for (int e = 0; e < EPL; e++) a[e] += f * av[s2][e];
+            }
 #pragma unroll 8
-        for (int s2 = 0; s2 < act; s2++) { // (8 splits' loads in flight per lane)
+        for (int s2 = CB; s2 < act; s2++) { // (8 splits' loads in flight per lane)
             float f = fw[s2];
 #pragma unroll
             for (int e = 0; e < EPL; e++) a[e] += f * __ldcg(base + s2 * ss + 2 + e * 32 + lane);
@@ -506,6 +528,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         attn_store_out<EPL>(p, rh, a, lane);
         __syncwarp(); // fw is rewritten for the next query
     }
+    st_trace_end();
 }
 
 // One block of ATTN_COMBINE_THREADS per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s

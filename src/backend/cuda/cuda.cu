@@ -563,8 +563,6 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
     c->pdl = e == cudaSuccess && c->prop.major >= 9 && !env_is("STRATA_CUDA_PDL", "0");
-    if (e == cudaSuccess) e = st_norm_bind_ops(env_is("STRATA_NORM_PRELOAD", "1"));
-    if (e == cudaSuccess) e = st_norm_bind_quant(env_is("STRATA_NORM_PRELOAD", "1"));
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copies, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);

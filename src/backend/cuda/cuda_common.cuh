@@ -89,9 +89,13 @@ typedef struct st_trace_dev {
     unsigned cap;
     unsigned long long *rec; // (cap, 2): resident, released (%globaltimer, ns)
     unsigned long long *marks; // (cap, ST_TRACE_MARKS): st_trace_mark's times, 0 where none
+    unsigned *ends;            // (ST_TRACE_BINS): blocks that ended in each 256 ns of %globaltimer (a ring)
 } st_trace_dev;
 // Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
 #define ST_TRACE_MARKS 8
+// st_trace_end's histogram: 2^16 bins of 2^8 ns, a ring of 16.8 ms (a replay is a few ms).
+#define ST_TRACE_BINS 65536
+#define ST_TRACE_BIN_SHIFT 8
 // One copy per translation unit (no relocatable device code): each kernel file binds its own
 // (st_trace_bind_<file>, called by profile.cu).
 static __constant__ st_trace_dev st_trace;
@@ -138,6 +142,18 @@ __device__ __forceinline__ unsigned st_pdl_begin() {
 __device__ __forceinline__ void st_trace_mark(unsigned slot, int k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (slot < st_trace.cap && threadIdx.x == 0) st_trace.marks[(size_t)slot * ST_TRACE_MARKS + k] = st_globaltimer();
+#endif
+}
+
+// STRATA_CUDA_TRACE: every block's thread 0 counts its end in the histogram of end times (a
+// reduction, not waited for). Block 0 alone can say when it ended; the kernel ends with its
+// last block, and kernel i's blocks all end between its release and kernel i + 1's, so the
+// histogram's bins in that window are kernel i's (profile.cu: when half, nine tenths and all
+// of its blocks had ended).
+__device__ __forceinline__ void st_trace_end() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (st_trace.seq && threadIdx.x == 0)
+        atomicAdd(st_trace.ends + ((st_globaltimer() >> ST_TRACE_BIN_SHIFT) & (ST_TRACE_BINS - 1)), 1u);
 #endif
 }
 
@@ -211,21 +227,15 @@ __device__ __forceinline__ float sumsq4(float ss, float4 a) {
     return fmaf(a.w, a.w, fmaf(a.z, a.z, fmaf(a.y, a.y, fmaf(a.x, a.x, ss))));
 }
 
-// STRATA_NORM_PRELOAD=1 (to be measured on the GPU): rms_sumsq and rms_row issue all of a
-// thread's loads before using any. In the plain loops each float4's load sits in its own branch
-// and the compiler keeps it below the store to xo before it (xo may alias x), so the SASS waits
-// one L2 round trip per float4: the trace puts the norm's sums at ~4 us of a q/k/v kernel.
-// One copy per translation unit, set when the backend starts (st_norm_bind_<file>).
-static __constant__ int st_norm_preload;
-static inline cudaError_t st_norm_bind_unit(int on) { return cudaMemcpyToSymbol(st_norm_preload, &on, sizeof on); }
-cudaError_t st_norm_bind_ops(int on);
-cudaError_t st_norm_bind_quant(int on);
-
 // The sum of squares of one row a = x (+ y when given) of d floats, by the whole block (every
 // thread gets it); a written to xo when given. With vec4 (d % 4 == 0, 16-byte aligned rows)
 // 16-byte accesses, and the first RMS_KEEP float4 of each thread are kept in registers for the
 // scaling (a 2048-wide row over 128 threads is 4 each). The same blockDim gives the same bits
 // wherever this runs (the norm kernels, and the products that norm their input themselves).
+// A thread issues all of its kept loads before it uses any: loaded inside the loop below, each
+// float4 sat in its own branch under the store to xo before it (xo may alias x), and the SASS
+// waited one L2 round trip per float4 (~4 us of a q/k/v kernel; H200, 2026-12-01: 30B-A3B
+// +6.0%, Next-80B-A3B +3.0% decode).
 __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float *xo, int d, bool vec4,
                                            float4 (&keep)[RMS_KEEP]) {
     float ss = 0;
@@ -233,22 +243,21 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
         const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
         float4 *xo4 = (float4 *)xo;
         const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
-        // (st_norm_preload: every load first; an index past the row reads its last float4, unused)
+        // (an index past the row reads its last float4, unused)
         float4 yk[RMS_KEEP];
-        if (st_norm_preload)
 #pragma unroll
-            for (int k = 0; k < RMS_KEEP; k++) {
-                int j = min((int)(threadIdx.x + k * blockDim.x), d4 - 1);
-                keep[k] = x4[j];
-                yk[k] = y4 ? y4[j] : make_float4(0, 0, 0, 0);
-            }
+        for (int k = 0; k < RMS_KEEP; k++) {
+            int j = min((int)(threadIdx.x + k * blockDim.x), d4 - 1);
+            keep[k] = x4[j];
+            yk[k] = y4 ? y4[j] : make_float4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int k = 0; k < RMS_KEEP; k++) {
             int j = threadIdx.x + k * blockDim.x;
             if (j < d4) {
-                float4 a = st_norm_preload ? keep[k] : x4[j];
+                float4 a = keep[k];
                 if (y4) {
-                    float4 c = st_norm_preload ? yk[k] : y4[j];
+                    float4 c = yk[k];
                     a.x += c.x, a.y += c.y, a.z += c.z, a.w += c.w;
                     if (xo4) xo4[j] = a;
                 }
@@ -291,16 +300,15 @@ __device__ __forceinline__ float rms_row(const float *x, const float *y, float *
         const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y, *w4 = (const float4 *)w;
         float4 *xo4 = (float4 *)xo, *n4 = (float4 *)out;
         const int d4 = d / 4, kept = RMS_KEEP * blockDim.x;
-        float4 g[RMS_KEEP]; // (st_norm_preload: every load first, as in rms_sumsq)
-        if (st_norm_preload)
+        float4 g[RMS_KEEP]; // (every load first, as in rms_sumsq)
 #pragma unroll
-            for (int k = 0; k < RMS_KEEP; k++)
-                g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), d4 - 1)] : make_float4(1, 1, 1, 1);
+        for (int k = 0; k < RMS_KEEP; k++)
+            g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), d4 - 1)] : make_float4(1, 1, 1, 1);
 #pragma unroll
         for (int k = 0; k < RMS_KEEP; k++) {
             int j = threadIdx.x + k * blockDim.x;
             if (j < d4) {
-                float4 a = keep[k], gk = st_norm_preload ? g[k] : w4 ? w4[j] : make_float4(1, 1, 1, 1);
+                float4 a = keep[k], gk = g[k];
                 n4[j] = make_float4(a.x * s * gk.x, a.y * s * gk.y, a.z * s * gk.z, a.w * s * gk.w);
             }
         }

@@ -745,4 +745,3 @@ void st_cuda_argmax(st_backend *b, const float *x, int n, int d, int32_t *ids) {
 
 // STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
 cudaError_t st_trace_bind_ops(const st_trace_dev *t) { return st_trace_bind_unit(t); }
-cudaError_t st_norm_bind_ops(int on) { return st_norm_bind_unit(on); }

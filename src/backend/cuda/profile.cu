@@ -69,6 +69,9 @@ typedef struct trace_entry {
     double ns, early_ns; // share of the steps; time resident before the release
     double mark_ns[ST_TRACE_MARKS]; // st_trace_mark's points after the release (summed over marks)
     int64_t mark_n[ST_TRACE_MARKS];
+    double end_ns[3];               // half, nine tenths, all of the blocks ended (st_trace_end), summed
+    double end_blocks;              // blocks counted, summed
+    int64_t end_n;                  // launches with blocks counted
 } trace_entry;
 
 #define TRACE_MAX 1024
@@ -79,6 +82,7 @@ static double trace_step_ns;
 static st_trace_dev trace_dev;           // device buffers (seq, rec)
 static unsigned long long *trace_host;   // a replay's records, read back
 static unsigned long long *trace_marks;  // and its marks
+static unsigned *trace_ends;             // and its histogram of block ends
 
 static void trace_op(st_backend *b, const char *key) {
     st_cuda *c = st_cuda_of(b);
@@ -91,11 +95,14 @@ static void trace_buffers_free(void) {
     cudaFree(trace_dev.seq);
     cudaFree(trace_dev.rec);
     cudaFree(trace_dev.marks);
+    cudaFree(trace_dev.ends);
     free(trace_host);
     free(trace_marks);
+    free(trace_ends);
     trace_dev = st_trace_dev{};
     trace_host = NULL;
     trace_marks = NULL;
+    trace_ends = NULL;
 }
 
 bool st_cuda_trace_start(st_cuda *c) {
@@ -110,12 +117,15 @@ bool st_cuda_trace_start(st_cuda *c) {
     }
     trace_host = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * TRACE_CAP);
     trace_marks = (unsigned long long *)malloc(sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
+    trace_ends = (unsigned *)malloc(sizeof(unsigned) * ST_TRACE_BINS);
     trace_dev.cap = TRACE_CAP;
-    cudaError_t e = trace_host && trace_marks ? cudaSuccess : cudaErrorMemoryAllocation;
+    cudaError_t e = trace_host && trace_marks && trace_ends ? cudaSuccess : cudaErrorMemoryAllocation;
     if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.seq, sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.rec, sizeof(unsigned long long) * 2 * TRACE_CAP);
     if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.marks, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
     if (e == cudaSuccess) e = cudaMemset(trace_dev.marks, 0, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.ends, sizeof(unsigned) * ST_TRACE_BINS);
+    if (e == cudaSuccess) e = cudaMemset(trace_dev.ends, 0, sizeof(unsigned) * ST_TRACE_BINS);
     if (e == cudaSuccess) e = cudaMemset(trace_dev.seq, 0, sizeof(unsigned));
     cudaError_t (*bind[])(const st_trace_dev *) = {st_trace_bind_attention, st_trace_bind_cuda, st_trace_bind_gdn,
                                                    st_trace_bind_ops, st_trace_bind_quant};
@@ -157,8 +167,28 @@ void st_cuda_trace_free(st_trace_labels *l) {
     free(l);
 }
 
+// The blocks of a kernel released at t0 that ended before t1 (the next kernel's release), from
+// the histogram of end times: when half, nine tenths and all of them had ended (after t0, ns;
+// each end at its bin's middle). Returns how many (0: the kernel counts no ends).
+static unsigned trace_ends_between(unsigned long long t0, unsigned long long t1, double at[3]) {
+    unsigned long long b0 = t0 >> ST_TRACE_BIN_SHIFT, b1 = t1 >> ST_TRACE_BIN_SHIFT;
+    if (b1 <= b0 || b1 - b0 >= ST_TRACE_BINS) return 0;
+    unsigned total = 0;
+    for (unsigned long long b = b0; b < b1; b++) total += trace_ends[b & (ST_TRACE_BINS - 1)];
+    if (!total) return 0;
+    const double frac[3] = {0.5, 0.9, 1.0};
+    unsigned seen = 0;
+    int k = 0;
+    for (unsigned long long b = b0; b < b1 && k < 3; b++) {
+        seen += trace_ends[b & (ST_TRACE_BINS - 1)];
+        double mid = (double)(((b << ST_TRACE_BIN_SHIFT) + (1ull << (ST_TRACE_BIN_SHIFT - 1)))) - (double)t0;
+        while (k < 3 && seen >= frac[k] * total) at[k++] = mid;
+    }
+    return total;
+}
+
 static void trace_add(const char *label, double ns, double early, unsigned long long released,
-                      const unsigned long long *marks) {
+                      unsigned long long next, const unsigned long long *marks) {
     int i = 0;
     while (i < n_trace && strcmp(trace_tab[i].label, label)) i++;
     if (i == n_trace) {
@@ -174,6 +204,13 @@ static void trace_add(const char *label, double ns, double early, unsigned long 
             trace_tab[i].mark_ns[k] += (double)(long long)(marks[k] - released);
             trace_tab[i].mark_n[k]++;
         }
+    double at[3];
+    unsigned blocks = next > released ? trace_ends_between(released, next, at) : 0;
+    if (blocks) {
+        for (int k = 0; k < 3; k++) trace_tab[i].end_ns[k] += at[k];
+        trace_tab[i].end_blocks += blocks;
+        trace_tab[i].end_n++;
+    }
 }
 
 // After a replay of the graph whose launches l labels (queued on c->stream with the records
@@ -192,7 +229,8 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
     }
     if (cudaMemcpy(trace_host, trace_dev.rec, sizeof(unsigned long long) * 2 * n, cudaMemcpyDeviceToHost) != cudaSuccess ||
         cudaMemcpy(trace_marks, trace_dev.marks, sizeof(unsigned long long) * ST_TRACE_MARKS * n,
-                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+                   cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(trace_ends, trace_dev.ends, sizeof(unsigned) * ST_TRACE_BINS, cudaMemcpyDeviceToHost) != cudaSuccess) {
         cudaGetLastError();
         return;
     }
@@ -202,7 +240,7 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
     for (unsigned i = 0; i + 1 < n; i++) {
         unsigned long long r0 = trace_host[2 * i + 1], r1 = trace_host[2 * i + 3], at = trace_host[2 * i];
         if (r1 < r0) trace_backwards++;
-        trace_add(l->label[i], r1 > r0 ? (double)(r1 - r0) : 0.0, r0 > at ? (double)(r0 - at) : 0.0, r0,
+        trace_add(l->label[i], r1 > r0 ? (double)(r1 - r0) : 0.0, r0 > at ? (double)(r0 - at) : 0.0, r0, r1,
                   trace_marks + (size_t)i * ST_TRACE_MARKS);
     }
     trace_step_ns += (double)(trace_host[2 * n - 1] - trace_host[1]);
@@ -213,6 +251,7 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
 void st_cuda_trace_reset(st_cuda *c) {
     cudaMemsetAsync(trace_dev.seq, 0, sizeof(unsigned), c->stream);
     cudaMemsetAsync(trace_dev.marks, 0, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP, c->stream);
+    cudaMemsetAsync(trace_dev.ends, 0, sizeof(unsigned) * ST_TRACE_BINS, c->stream);
 }
 
 static int trace_by_time(const void *a, const void *b) {
@@ -236,12 +275,19 @@ static void trace_report(void) {
     if (trace_backwards)
         fprintf(stderr, "  %lld kernels released before the kernel ahead of them by the timers (counted as 0 us)\n",
                 (long long)trace_backwards);
-    fprintf(stderr, "%-60s %9s %10s %9s %9s %6s  %s\n", "op #launch", "calls", "total ms", "us/call", "early us", "share",
-            "marks (us after the release)");
+    fprintf(stderr, "%-60s %9s %10s %9s %9s %6s  %-26s %s\n", "op #launch", "calls", "total ms", "us/call", "early us",
+            "share", "blocks ended 50/90/100% us", "marks (us after the release)");
     for (int i = 0; i < n_trace; i++) {
         const trace_entry *t = &trace_tab[i];
         fprintf(stderr, "%-60s %9lld %10.3f %9.2f %9.2f %5.1f%% ", t->label, (long long)t->calls, t->ns / 1e6,
                 t->ns / 1e3 / (double)t->calls, t->early_ns / 1e3 / (double)t->calls, 100.0 * t->ns / total);
+        char ends[64] = "";
+        if (t->end_n) {
+            double n = (double)t->end_n;
+            snprintf(ends, sizeof ends, "%.0f: %.2f %.2f %.2f", t->end_blocks / n, t->end_ns[0] / 1e3 / n,
+                     t->end_ns[1] / 1e3 / n, t->end_ns[2] / 1e3 / n);
+        }
+        fprintf(stderr, " %-26s", ends);
         for (int k = 0; k < ST_TRACE_MARKS; k++)
             if (t->mark_n[k]) fprintf(stderr, " %d:%.2f", k, t->mark_ns[k] / 1e3 / (double)t->mark_n[k]);
         fprintf(stderr, "\n");

@@ -436,6 +436,7 @@ __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
         float s = warp_sum_q(acc[j]);
         if (lane == j && j < nx) y[(size_t)j * rows + r] = s;
     }
+    st_trace_end();
 }
 
 template <int T>
@@ -463,16 +464,20 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
 // ---------------------------------------------------------------------------------------------
 // matmul, n <= 16, one launch (mmv2): each block quantizes the x rows into shared memory
 // itself (windows of up to ST_MV_FUSED_MAX rows; larger ones read x quantized once by a
-// separate kernel into the same layout in global memory), then each warp computes ST_MV_R
+// separate kernel into the same layout in global memory), then each warp computes R (ST_MV_R)
 // weight rows: lanes take consecutive chunks, so the warp's loads cover consecutive blocks of
-// the rows, read straight from global memory; each x chunk read serves ST_MV_R rows.
+// the rows, read straight from global memory; each x chunk read serves R rows. For one x row,
+// R is doubled (or quadrupled) where the blocks would not all be resident at once: the q/k/v product of the
+// 30B-A3B (640 blocks of 112 registers a thread, 4 a multiprocessor: 528 at once) ran its last
+// 112 blocks as a second wave after the first, whose weights no early start had fetched (the
+// trace: nine tenths of its blocks ended 10.1 us after its release, block 0 at 5.0 us).
 
 #define ST_MV_WARPS 4
 #define ST_MV_R 2
-#define ST_MV_ROWS (ST_MV_WARPS * ST_MV_R)
 #define ST_MV_FUSED_MAX 4          // beyond: redundant per-block quantization costs more L2 reads than it saves
 #define ST_MV_SMEM_MAX (48 * 1024) // static limit of dynamic shared memory without an opt-in
 #define ST_MV_TILE_MAX (40 * 1024) // staged weight rows of a block: rows of up to ~9,600 Q8_0 columns
+#define ST_MV_TILE_WIDE (96 * 1024) // the same at more rows a warp (fewer blocks a multiprocessor)
 
 // One chunk of 32 values quantized by four lanes (l4 = lane & 3): lane l4 holds values 4·l4 ..
 // 4·l4+3 (v0) and 16+4·l4 .. 16+4·l4+3 (v1). Every lane of the warp calls it (shuffles within
@@ -608,8 +613,9 @@ struct st_mv2_args {
     st_norm_in norm;
 };
 
-template <int T, int NX>
+template <int T, int NX, int R>
 __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
+    constexpr int ROWS = ST_MV_WARPS * R; // a block's rows
     extern __shared__ __align__(16) uint8_t mv_smem[];
     int nchunk = p.cols / 32, nx = p.nx;
     st_mv2_mat m = p.m[0]; // (constant indices: the parameters stay in the constant bank)
@@ -621,7 +627,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     const int64_t rows = m.rows, blk = blockIdx.x - m.first;
     // The block's weight rows (contiguous) arrive while the kernel before finishes: into shared
     // memory, or at least into L2.
-    const int64_t rb = blk * ST_MV_ROWS, nb = min(rb + ST_MV_ROWS, rows) - rb;
+    const int64_t rb = blk * ROWS, nb = min(rb + ROWS, rows) - rb;
     const uint8_t *src = W + (size_t)rb * row_bytes;
     const size_t bytes = (size_t)nb * row_bytes;
     const bool staged = p.stage && ((uintptr_t)src & 15) == 0 && bytes % 16 == 0;
@@ -665,24 +671,24 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     if (p.fused || staged) __syncthreads();
     st_trace_mark(ts, 4);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t r0 = blk * ST_MV_ROWS + warp * ST_MV_R;
+    int64_t r0 = blk * ROWS + warp * R;
     if (r0 >= rows) return;
-    const uint8_t *wr[ST_MV_R];
+    const uint8_t *wr[R];
 #pragma unroll
-    for (int i = 0; i < ST_MV_R; i++) {
+    for (int i = 0; i < R; i++) {
         int64_t r = r0 + i < rows ? r0 + i : r0;
         wr[i] = staged ? tile + (size_t)(r - rb) * row_bytes : W + (size_t)r * row_bytes;
     }
-    float acc[ST_MV_R][NX];
+    float acc[R][NX];
 #pragma unroll
-    for (int i = 0; i < ST_MV_R; i++)
+    for (int i = 0; i < R; i++)
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
     int half = p.cols / 2;
     for (int c = lane; c < nchunk; c += 32) {
-        st_wchunk w[ST_MV_R];
+        st_wchunk w[R];
 #pragma unroll
-        for (int i = 0; i < ST_MV_R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
+        for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             if (j < nx) {
@@ -690,20 +696,28 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
                 int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
                 float2 ds = xds[(size_t)j * nchunk + c];
 #pragma unroll
-                for (int i = 0; i < ST_MV_R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
+                for (int i = 0; i < R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
             }
         }
     }
     st_trace_mark(ts, 5);
     float *y = m.y;
 #pragma unroll
-    for (int i = 0; i < ST_MV_R; i++)
+    for (int i = 0; i < R; i++)
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float s = warp_sum_q(acc[i][j]);
             if (lane == 0 && j < nx && r0 + i < rows) y[(size_t)j * rows + r0 + i] = s;
         }
     st_trace_mark(ts, 6);
+    st_trace_end();
+}
+
+// STRATA_MV_WIDE=0 keeps R = ST_MV_R whatever the waves (for A/B runs); read once.
+static bool mv_wide_off(void) {
+    static int off = -1;
+    if (off < 0) off = env_is_0("STRATA_MV_WIDE");
+    return off;
 }
 
 // Quantized weights of type T, all nw matrices cols wide, n <= 16: one launch; false when this
@@ -718,11 +732,6 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
     if (nm && (n > ST_MV_FUSED_MAX || (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32) > ST_MV_SMEM_MAX))
         return false;
     st_mv2_args p = {};
-    unsigned blocks = 0;
-    for (int i = 0; i < nw; i++) {
-        p.m[i] = {(const uint8_t *)w[i]->data, w[i]->row_bytes, w[i]->rows, y[i], blocks};
-        blocks += (unsigned)((w[i]->rows + ST_MV_ROWS - 1) / ST_MV_ROWS);
-    }
     p.nm = nw, p.cols = (int)cols, p.nx = n, p.x = x;
     size_t xbytes = (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32);
     size_t smem = 0;
@@ -740,15 +749,51 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
         st_launch(c, quant_split_kernel, n, 256, 0, x, n, (int)cols, (int8_t *)p.xq, (float2 *)p.xds);
         ST_CU_LAUNCHED(c, "quant_split_kernel");
     }
-    // Staged where a block's rows fit in ST_MV_TILE_MAX bytes (sm_80 and newer).
-    size_t tile = (size_t)ST_MV_ROWS * w[0]->row_bytes;
-    p.stage = c->prop.major >= 8 && tile <= ST_MV_TILE_MAX && smem + tile <= c->prop.sharedMemPerBlockOptin;
     p.xbytes = (int)smem;
-    if (p.stage) smem += tile;
+    // The blocks (each matrix's first) and shared memory at R rows a warp. Staged where a
+    // block's rows fit in ST_MV_TILE_MAX bytes (ST_MV_TILE_WIDE at more rows a warp; sm_80 and
+    // newer).
+    auto plan = [&](int R, st_mv2_args &q, size_t &bytes) {
+        unsigned blocks = 0;
+        for (int i = 0; i < nw; i++) {
+            q.m[i] = {(const uint8_t *)w[i]->data, w[i]->row_bytes, w[i]->rows, y[i], blocks};
+            blocks += (unsigned)((w[i]->rows + ST_MV_WARPS * R - 1) / (ST_MV_WARPS * R));
+        }
+        size_t tile = (size_t)ST_MV_WARPS * R * w[0]->row_bytes;
+        q.stage = c->prop.major >= 8 && tile <= (R > ST_MV_R ? ST_MV_TILE_WIDE : ST_MV_TILE_MAX) &&
+                  smem + tile <= c->prop.sharedMemPerBlockOptin;
+        bytes = smem + (q.stage ? tile : 0);
+        return blocks;
+    };
+    size_t bytes;
+    unsigned blocks = plan(ST_MV_R, p, bytes);
+    if (n == 1 && !mv_wide_off()) {
+        // The fewest rows a warp at which every block is resident at once (else the most).
+        auto fits = [&](void (*k)(st_mv2_args), unsigned nb, size_t b) {
+            int per_sm = 0;
+            st_allow_smem(c, k, b);
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 32 * ST_MV_WARPS, b) != cudaSuccess)
+                per_sm = 0, cudaGetLastError();
+            return nb <= (unsigned)per_sm * (unsigned)c->prop.multiProcessorCount;
+        };
+        st_mv2_args q4 = p, q8 = p;
+        size_t b4, b8;
+        unsigned n4 = plan(2 * ST_MV_R, q4, b4), n8 = plan(4 * ST_MV_R, q8, b8);
+        if (!fits(mmv2_kernel<T, 1, ST_MV_R>, blocks, bytes)) {
+            if (fits(mmv2_kernel<T, 1, 2 * ST_MV_R>, n4, b4)) {
+                st_launch(c, mmv2_kernel<T, 1, 2 * ST_MV_R>, n4, 32 * ST_MV_WARPS, b4, q4);
+            } else {
+                st_allow_smem(c, mmv2_kernel<T, 1, 4 * ST_MV_R>, b8);
+                st_launch(c, mmv2_kernel<T, 1, 4 * ST_MV_R>, n8, 32 * ST_MV_WARPS, b8, q8);
+            }
+            ST_CU_LAUNCHED(c, "mmv2_kernel");
+            return true;
+        }
+    }
 #define L(NX)                                                                                      \
     do {                                                                                           \
-        st_allow_smem(c, mmv2_kernel<T, NX>, smem);                                                \
-        st_launch(c, mmv2_kernel<T, NX>, blocks, 32 * ST_MV_WARPS, smem, p);                       \
+        st_allow_smem(c, mmv2_kernel<T, NX, ST_MV_R>, bytes);                                      \
+        st_launch(c, mmv2_kernel<T, NX, ST_MV_R>, blocks, 32 * ST_MV_WARPS, bytes, p);             \
     } while (0)
     if (n == 1) L(1);
     else if (n == 2) L(2);
@@ -1495,6 +1540,12 @@ static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 // tiles, slot u < n*k) as before.
 
 #define ST_MOE2_WARPS 8
+// The one-row down kernel's blocks have four warps, held to 96 registers a thread so that five
+// fit a multiprocessor: with eight warps (two a multiprocessor by registers) the Next-80B-A3B's
+// 320 blocks ran a second wave (the trace: half its blocks ended 8 us after the release, nine
+// tenths at 17.8 us). Weight types whose kernel spills at 96 registers (Q6_K, Q8_0, ... : their
+// unpacking holds more) keep eight warps.
+#define ST_MOE2_DOWN_WARPS 4
 #define ST_MOE2_SMEM_MAX (32 * 1024) // dynamic: the quantized member rows (static: the plan, 12 KB)
 
 struct st_moe2_args {
@@ -1635,13 +1686,13 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
 // The rows of one expert (e, with m members s_asg) a block of moe2_kernel computes; with ready,
 // the members' rows are in shared memory already (moe2_one), or in p.hq (down, one row). With
 // sh (gate/up, one row), the outputs also go to sh[row within the tile].
-template <int T, int NX, bool GATE, int P>
+template <int T, int NX, bool GATE, int P, int W>
 __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
                                           bool ready, unsigned ts, float *sh) {
     constexpr int R = 2 * P;             // weight rows per warp
     constexpr int WR = GATE ? P : 2 * P; // output rows per warp
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t r0 = (int64_t)blockIdx.x * (ST_MOE2_WARPS * WR) + warp * WR;
+    int64_t r0 = (int64_t)blockIdx.x * (W * WR) + warp * WR;
     const uint8_t *wr[R];
     if (GATE) {
 #pragma unroll
@@ -1741,8 +1792,8 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
     return s_sel;
 }
 
-template <int T, int NX, bool GATE, int P>
-__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
+template <int T, int NX, bool GATE, int P, int W>
+__global__ void __launch_bounds__(32 * W, W == ST_MOE2_DOWN_WARPS ? 5 : 1) moe2_kernel(st_moe2_args p) {
     const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     __shared__ st_route_smem rs;
@@ -1753,7 +1804,7 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
     // ready, 5 products done, 6 stored, 7 counted in (down).
     unsigned ts;
     if (!GATE && NX == 1 && p.early) {
-        constexpr int ROWS = ST_MOE2_WARPS * 2 * P;
+        constexpr int ROWS = W * 2 * P;
         e = moe2_expert_early(p, rs);
         int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
         const uint8_t *rows0 = p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes;
@@ -1781,11 +1832,11 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
                     : moe2_one(p, s_asg, &e, moe2_smem, !GATE && p.hq);
     }
     st_trace_mark(ts, 4);
-    // One row's gate/up: the tile's outputs (one chunk, ST_MOE2_WARPS * P == 32 rows) quantized
+    // One row's gate/up: the tile's outputs (one chunk, W * P == 32 rows) quantized
     // by warp 0 for the down kernel.
-    constexpr bool HQ = GATE && NX == 1 && ST_MOE2_WARPS * P == 32;
+    constexpr bool HQ = GATE && NX == 1 && W * P == 32;
     __shared__ __align__(16) float s_h[HQ ? 32 : 1];
-    if (m > 0) moe2_rows<T, NX, GATE, P>(p, e, m, s_asg, moe2_smem, NX == 1, ts, HQ && p.hq ? s_h : NULL);
+    if (m > 0) moe2_rows<T, NX, GATE, P, W>(p, e, m, s_asg, moe2_smem, NX == 1, ts, HQ && p.hq ? s_h : NULL);
     st_trace_mark(ts, 6);
     if (HQ && p.hq && m > 0) {
         __syncthreads();
@@ -1796,40 +1847,68 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
             quant_chunk4(v0, v1, l4, threadIdx.x < 4, q0, q0 + p.rows / 2, p.hds + (size_t)blockIdx.y * (p.rows / 32) + c);
         }
     }
-    if (GATE || !p.y) return;
+    if (GATE || !p.y) {
+        st_trace_end();
+        return;
+    }
 
     // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
     // valid assignments, in the order moe_combine_kernel sums them. Every block of the tile
-    // (idle slots too) counts itself in after its outputs are published.
+    // (idle slots too) counts itself in after its outputs are published. Meanwhile the other
+    // warps look up which assignments are valid and their weights (ids, then the slot map: two
+    // round trips that thread 0's fence and count hide), so the last block's sum issues all of
+    // a row's output loads at once instead of a chain of dependent loads per expert.
     __shared__ unsigned s_last;
+    __shared__ float s_cw[ST_CUQ_PLAN_MAX];
+    __shared__ unsigned char s_ok[ST_CUQ_PLAN_MAX];
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned prev = atomicAdd(&moe2_counters[blockIdx.x], 1u);
         s_last = prev == gridDim.y - 1;
         if (s_last) moe2_counters[blockIdx.x] = 0;
+    } else if (threadIdx.x >= 32) {
+        for (int a = threadIdx.x - 32; a < p.na; a += blockDim.x - 32) {
+            bool ok = moe2_matrix(p, p.ids[a]) >= 0;
+            s_ok[a] = ok;
+            s_cw[a] = ok ? p.wts[a] : 0.0f;
+        }
     }
     st_trace_mark(ts, 7);
     __syncthreads();
-    if (!s_last) return;
+    if (!s_last) {
+        st_trace_end();
+        return;
+    }
     __threadfence();
-    constexpr int TILE = ST_MOE2_WARPS * 2 * P;
+    constexpr int TILE = W * 2 * P, KB = 8; // KB: outputs loaded at once
     int n = p.na / p.k;
     for (int t = threadIdx.x; t < n * TILE; t += blockDim.x) {
         int i = t / TILE;
         int64_t r = (int64_t)blockIdx.x * TILE + t % TILE;
         if (r >= p.rows) continue;
-        float acc = 0.0f;
-        for (int j = 0; j < p.k; j++) {
-            int a = i * p.k + j;
-            if (moe2_matrix(p, p.ids[a]) < 0) continue;
-            acc += p.wts[a] * __ldcg(p.out + (size_t)a * p.rows + r);
-        }
         float *yr = p.y + (size_t)i * p.rows + r;
-        float v = p.add ? *yr + acc : acc;
-        if (p.gated_o) v += sigmoidf_(p.gated_s[i]) * p.gated_o[(size_t)i * p.rows + r];
+        float y0 = p.add ? *yr : 0.0f; // (these loads fly with the outputs')
+        float go = p.gated_o ? p.gated_o[(size_t)i * p.rows + r] : 0.0f, gs = p.gated_o ? p.gated_s[i] : 0.0f;
+        float acc = 0.0f;
+        for (int j0 = 0; j0 < p.k; j0 += KB) {
+            float v[KB];
+#pragma unroll
+            for (int j = 0; j < KB; j++) {
+                int a = i * p.k + j0 + j;
+                v[j] = j0 + j < p.k && s_ok[a] ? __ldcg(p.out + (size_t)a * p.rows + r) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < KB; j++) {
+                int a = i * p.k + j0 + j;
+                if (j0 + j < p.k && s_ok[a]) acc += s_cw[a] * v[j];
+            }
+        }
+        float v = p.add ? y0 + acc : acc;
+        if (p.gated_o) v += sigmoidf_(gs) * go;
         *yr = v;
     }
+    st_trace_end();
 }
 
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
@@ -1837,15 +1916,44 @@ __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p
 // (Again on 2026-11-30, 30B shape, whole card: one or two row pairs a warp decode 295 and 314
 // tok/s against 334 with four; staging the rows in shared memory as mmv2 does changed nothing
 // here, 320 against 321: these blocks wait on their plan and x, not on their weight loads.)
+// Warps of a block: ST_MOE2_DOWN_WARPS for the one-row down kernel (STRATA_MOE_DOWN_W8=1: eight,
+// for A/B runs; read once).
+static int moe2_warps(bool gate, int n) {
+    static int w8 = -1;
+    if (w8 < 0) w8 = env_on("STRATA_MOE_DOWN_W8");
+    return !gate && n == 1 && !w8 ? ST_MOE2_DOWN_WARPS : ST_MOE2_WARPS;
+}
+
+// Whether the four-warp down kernel of type T holds its values in 96 registers (no spill).
+template <int T, int P> static bool moe2_down_fits(void) {
+    static int fits = -1;
+    if (fits < 0) {
+        cudaFuncAttributes a;
+        fits = cudaFuncGetAttributes(&a, moe2_kernel<T, 1, false, P, ST_MOE2_DOWN_WARPS>) == cudaSuccess &&
+               a.localSizeBytes <= 16;
+        cudaGetLastError();
+    }
+    return fits;
+}
+
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
     constexpr int P1 = 4;
-    int rows_per_block = ST_MOE2_WARPS * (GATE ? 1 : 2) * (n == 1 ? P1 : 1);
+    int W = moe2_warps(GATE, n);
+    if constexpr (!GATE)
+        if (W == ST_MOE2_DOWN_WARPS && !moe2_down_fits<T, P1>()) W = ST_MOE2_WARPS;
+    int rows_per_block = W * (GATE ? 1 : 2) * (n == 1 ? P1 : 1);
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
-#define L(NX, PP) st_launch(c, moe2_kernel<T, NX, GATE, PP>, grid, 32 * ST_MOE2_WARPS, smem, p)
-    if (n == 1) L(1, P1);
-    else if (n <= 4) L(4, 1);
-    else L(16, 1);
+#define L(NX, PP, WW) st_launch(c, moe2_kernel<T, NX, GATE, PP, WW>, grid, 32 * WW, smem, p)
+    if constexpr (!GATE)
+        if (W == ST_MOE2_DOWN_WARPS) {
+            L(1, P1, ST_MOE2_DOWN_WARPS);
+            ST_CU_LAUNCHED(c, "moe2_kernel");
+            return;
+        }
+    if (n == 1) L(1, P1, ST_MOE2_WARPS);
+    else if (n <= 4) L(4, 1, ST_MOE2_WARPS);
+    else L(16, 1, ST_MOE2_WARPS);
 #undef L
     ST_CU_LAUNCHED(c, "moe2_kernel");
 }
@@ -1949,7 +2057,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     q.gcap = cap_d < nxt ? cap_d : nxt;
     q.out = o;
     // The down kernel's last blocks combine (its row tiles: see moe2_launch), else a kernel does.
-    int tile = ST_MOE2_WARPS * 2 * (n == 1 ? 4 : 1);
+    int tile = moe2_warps(false, n) * 2 * (n == 1 ? 4 : 1);
     bool fused = (d + tile - 1) / tile <= ST_MOE2_MAX_TILES;
     if (fused) q.y = a->y, q.wts = a->weights, q.add = a->accumulate, q.gated_o = a->gated_o, q.gated_s = a->gated_s;
     switch (down->type) {
@@ -2398,4 +2506,3 @@ static void moe_dispatch(st_cuda *c, const st_moe_args *a, bool *gated) {
 
 // STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).
 cudaError_t st_trace_bind_quant(const st_trace_dev *t) { return st_trace_bind_unit(t); }
-cudaError_t st_norm_bind_quant(int on) { return st_norm_bind_unit(on); }
