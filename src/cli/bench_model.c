@@ -11,9 +11,11 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: strata bench -m FILE [-t N] [--prompt 512,2048] [--decode 128] [--kv f16|q8_0] [--ctx N]\n\n"
-               "Prompt tokens/s for each prompt length (one chunk of up to --batch rows at a time) and\n"
-               "decode tokens/s (greedy, one token per step after a short warm-up), next to the decode\n"
-               "bound: the machine's memory-read bandwidth / the weight bytes one decoded token reads.\n\n"
+               "Prompt tokens/s for each prompt length (one chunk of up to --batch rows at a time; each\n"
+               "timed after an untimed prompt of the same length, as llama-bench warms up, whose own\n"
+               "rate is shown too) and decode tokens/s (greedy, one token per step after a short\n"
+               "warm-up), next to the decode bound: the machine's memory-read bandwidth / the weight\n"
+               "bytes one decoded token reads.\n\n"
                "  -m, --model FILE   GGUF model\n"
                "  -t, --threads N    CPU threads (default: all cores)\n"
                ST_CLI_DEVICE_HELP
@@ -138,10 +140,18 @@ int st_bench_model(int argc, char **argv) {
             seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
             toks[i] = (int32_t)(seed % (uint64_t)info.n_vocab);
         }
-        double t0 = 0, t1 = 0;
+        double t0 = 0, t1 = 0, first = 0;
         if (!rc && !is_decode) {
+            // The same prompt once untimed, in a session of its own: a length's first prompt
+            // pays one-time costs (kernels and library paths of its sizes loaded and set up)
+            // that the following ones do not.
+            strata_session *w = NULL;
+            double w0 = st_time_s();
+            rc = strata_session_open(m, &sp, &w) || strata_session_eval(w, toks, n, NULL);
+            first = st_time_s() - w0;
+            strata_session_close(w);
             t0 = st_time_s();
-            rc = strata_session_eval(s, toks, n, NULL) != 0;
+            rc = rc || strata_session_eval(s, toks, n, NULL) != 0;
             t1 = st_time_s();
         } else if (!rc) {
             rc = strata_session_eval(s, toks, 8, NULL) != 0; // warm-up context
@@ -156,6 +166,9 @@ int st_bench_model(int argc, char **argv) {
             char name[32];
             snprintf(name, sizeof name, is_decode ? "decode" : "prompt %d", n);
             printf("%-14s %8d %10.3f %12.1f\n", name, n, t1 - t0, n / (t1 - t0));
+            if (!is_decode)
+                printf("  the untimed first prompt of this length before it: %.3f s, %.1f tokens/s (session "
+                       "opening included)\n", first, n / first);
             strata_expert_stats es = strata_session_expert_stats(s);
             if (es.hits + es.misses) {
                 printf("  experts: %lld of %lld cached, hit rate %.1f%%; CPU pool %.3f s (%llu layer calls, %.0f us "
