@@ -90,12 +90,16 @@ typedef struct st_trace_dev {
     unsigned long long *rec; // (cap, 2): resident, released (%globaltimer, ns)
     unsigned long long *marks; // (cap, ST_TRACE_MARKS): st_trace_mark's times, 0 where none
     unsigned *ends;            // (ST_TRACE_BINS): blocks that ended in each 256 ns of %globaltimer (a ring)
+    unsigned *sm_ends;         // (ST_TRACE_SMS, ST_TRACE_SM_BINS): the same by multiprocessor, or NULL
 } st_trace_dev;
 // Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
 #define ST_TRACE_MARKS 8
 // st_trace_end's histogram: 2^16 bins of 2^8 ns, a ring of 16.8 ms (a replay is a few ms).
 #define ST_TRACE_BINS 65536
 #define ST_TRACE_BIN_SHIFT 8
+// And by multiprocessor (STRATA_CUDA_TRACE_SM): 2^15 bins (8.4 ms) for each %smid below 256.
+#define ST_TRACE_SMS 256
+#define ST_TRACE_SM_BINS 32768
 // One copy per translation unit (no relocatable device code): each kernel file binds its own
 // (st_trace_bind_<file>, called by profile.cu).
 static __constant__ st_trace_dev st_trace;
@@ -152,8 +156,14 @@ __device__ __forceinline__ void st_trace_mark(unsigned slot, int k) {
 // of its blocks had ended).
 __device__ __forceinline__ void st_trace_end() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (st_trace.seq && threadIdx.x == 0)
-        atomicAdd(st_trace.ends + ((st_globaltimer() >> ST_TRACE_BIN_SHIFT) & (ST_TRACE_BINS - 1)), 1u);
+    if (st_trace.seq && threadIdx.x == 0) {
+        unsigned long long b = st_globaltimer() >> ST_TRACE_BIN_SHIFT;
+        atomicAdd(st_trace.ends + (b & (ST_TRACE_BINS - 1)), 1u);
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        if (st_trace.sm_ends && sm < ST_TRACE_SMS)
+            atomicAdd(st_trace.sm_ends + (size_t)sm * ST_TRACE_SM_BINS + (b & (ST_TRACE_SM_BINS - 1)), 1u);
+    }
 #endif
 }
 

@@ -72,6 +72,10 @@ typedef struct trace_entry {
     double end_ns[3];               // half, nine tenths, all of the blocks ended (st_trace_end), summed
     double end_blocks;              // blocks counted, summed
     int64_t end_n;                  // launches with blocks counted
+    // STRATA_CUDA_TRACE_SM: (multiprocessor, launch) pairs by the blocks of the launch that ended
+    // on that multiprocessor (index 8: eight or more), and when the last of them ended, summed.
+    int64_t sm_n[9];
+    double sm_last_ns[9];
 } trace_entry;
 
 #define TRACE_MAX 1024
@@ -83,6 +87,8 @@ static st_trace_dev trace_dev;           // device buffers (seq, rec)
 static unsigned long long *trace_host;   // a replay's records, read back
 static unsigned long long *trace_marks;  // and its marks
 static unsigned *trace_ends;             // and its histogram of block ends
+static unsigned *trace_sm_ends;          // and by multiprocessor (STRATA_CUDA_TRACE_SM)
+static char trace_sm_watch[64];          // STRATA_CUDA_TRACE_SM: launches whose label contains it
 
 static void trace_op(st_backend *b, const char *key) {
     st_cuda *c = st_cuda_of(b);
@@ -96,6 +102,9 @@ static void trace_buffers_free(void) {
     cudaFree(trace_dev.rec);
     cudaFree(trace_dev.marks);
     cudaFree(trace_dev.ends);
+    cudaFree(trace_dev.sm_ends);
+    free(trace_sm_ends);
+    trace_sm_ends = NULL;
     free(trace_host);
     free(trace_marks);
     free(trace_ends);
@@ -126,6 +135,15 @@ bool st_cuda_trace_start(st_cuda *c) {
     if (e == cudaSuccess) e = cudaMemset(trace_dev.marks, 0, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP);
     if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.ends, sizeof(unsigned) * ST_TRACE_BINS);
     if (e == cudaSuccess) e = cudaMemset(trace_dev.ends, 0, sizeof(unsigned) * ST_TRACE_BINS);
+    const char *watch = getenv("STRATA_CUDA_TRACE_SM");
+    snprintf(trace_sm_watch, sizeof trace_sm_watch, "%s", watch ? watch : "");
+    if (trace_sm_watch[0]) {
+        size_t sm_bytes = sizeof(unsigned) * ST_TRACE_SMS * ST_TRACE_SM_BINS;
+        trace_sm_ends = (unsigned *)malloc(sm_bytes);
+        if (e == cudaSuccess && !trace_sm_ends) e = cudaErrorMemoryAllocation;
+        if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.sm_ends, sm_bytes);
+        if (e == cudaSuccess) e = cudaMemset(trace_dev.sm_ends, 0, sm_bytes);
+    }
     if (e == cudaSuccess) e = cudaMemset(trace_dev.seq, 0, sizeof(unsigned));
     cudaError_t (*bind[])(const st_trace_dev *) = {st_trace_bind_attention, st_trace_bind_cuda, st_trace_bind_gdn,
                                                    st_trace_bind_ops, st_trace_bind_quant};
@@ -211,6 +229,24 @@ static void trace_add(const char *label, double ns, double early, unsigned long 
         trace_tab[i].end_blocks += blocks;
         trace_tab[i].end_n++;
     }
+    if (blocks && trace_sm_ends && strstr(label, trace_sm_watch)) {
+        unsigned long long b0 = released >> ST_TRACE_BIN_SHIFT, b1 = next >> ST_TRACE_BIN_SHIFT;
+        if (b1 - b0 >= ST_TRACE_SM_BINS) return;
+        for (int sm = 0; sm < ST_TRACE_SMS; sm++) {
+            const unsigned *h = trace_sm_ends + (size_t)sm * ST_TRACE_SM_BINS;
+            unsigned n = 0;
+            unsigned long long last = 0;
+            for (unsigned long long b = b0; b < b1; b++) {
+                unsigned c = h[b & (ST_TRACE_SM_BINS - 1)];
+                if (c) n += c, last = b;
+            }
+            if (!n) continue;
+            int k = n < 8 ? (int)n : 8;
+            trace_tab[i].sm_n[k]++;
+            trace_tab[i].sm_last_ns[k] +=
+                (double)((last << ST_TRACE_BIN_SHIFT) + (1ull << (ST_TRACE_BIN_SHIFT - 1))) - (double)released;
+        }
+    }
 }
 
 // After a replay of the graph whose launches l labels (queued on c->stream with the records
@@ -230,7 +266,9 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
     if (cudaMemcpy(trace_host, trace_dev.rec, sizeof(unsigned long long) * 2 * n, cudaMemcpyDeviceToHost) != cudaSuccess ||
         cudaMemcpy(trace_marks, trace_dev.marks, sizeof(unsigned long long) * ST_TRACE_MARKS * n,
                    cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaMemcpy(trace_ends, trace_dev.ends, sizeof(unsigned) * ST_TRACE_BINS, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        cudaMemcpy(trace_ends, trace_dev.ends, sizeof(unsigned) * ST_TRACE_BINS, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        (trace_sm_ends && cudaMemcpy(trace_sm_ends, trace_dev.sm_ends, sizeof(unsigned) * ST_TRACE_SMS * ST_TRACE_SM_BINS,
+                                     cudaMemcpyDeviceToHost) != cudaSuccess)) {
         cudaGetLastError();
         return;
     }
@@ -252,6 +290,8 @@ void st_cuda_trace_reset(st_cuda *c) {
     cudaMemsetAsync(trace_dev.seq, 0, sizeof(unsigned), c->stream);
     cudaMemsetAsync(trace_dev.marks, 0, sizeof(unsigned long long) * ST_TRACE_MARKS * TRACE_CAP, c->stream);
     cudaMemsetAsync(trace_dev.ends, 0, sizeof(unsigned) * ST_TRACE_BINS, c->stream);
+    if (trace_dev.sm_ends)
+        cudaMemsetAsync(trace_dev.sm_ends, 0, sizeof(unsigned) * ST_TRACE_SMS * ST_TRACE_SM_BINS, c->stream);
 }
 
 static int trace_by_time(const void *a, const void *b) {
@@ -291,6 +331,23 @@ static void trace_report(void) {
         for (int k = 0; k < ST_TRACE_MARKS; k++)
             if (t->mark_n[k]) fprintf(stderr, " %d:%.2f", k, t->mark_ns[k] / 1e3 / (double)t->mark_n[k]);
         fprintf(stderr, "\n");
+    }
+    if (trace_sm_ends) {
+        fprintf(stderr, "\nBlocks by multiprocessor (STRATA_CUDA_TRACE_SM=%s): for the launches with k of their blocks "
+                        "ending on one multiprocessor, how many such (multiprocessor, launch) pairs a launch had, and "
+                        "when the last of those k blocks ended (us after the release)\n", trace_sm_watch);
+        for (int i = 0; i < n_trace; i++) {
+            const trace_entry *t = &trace_tab[i];
+            int64_t pairs = 0;
+            for (int k = 1; k <= 8; k++) pairs += t->sm_n[k];
+            if (!pairs) continue;
+            fprintf(stderr, "%-60s", t->label);
+            for (int k = 1; k <= 8; k++)
+                if (t->sm_n[k])
+                    fprintf(stderr, "  k=%d%s: %.1f at %.2f", k, k == 8 ? "+" : "", (double)t->sm_n[k] / (double)t->end_n,
+                            t->sm_last_ns[k] / 1e3 / (double)t->sm_n[k]);
+            fprintf(stderr, "\n");
+        }
     }
     n_trace = 0;
     trace_replays = trace_mismatch = trace_backwards = 0;
