@@ -91,6 +91,11 @@ typedef struct st_trace_dev {
     unsigned long long *marks; // (cap, ST_TRACE_MARKS): st_trace_mark's times, 0 where none
     unsigned *ends;            // (ST_TRACE_BINS): blocks that ended in each 256 ns of %globaltimer (a ring)
     unsigned *sm_ends;         // (ST_TRACE_SMS, ST_TRACE_SM_BINS): the same by multiprocessor, or NULL
+    // STRATA_CUDA_TRACE_BLOCKS: one record a block (st_trace_end): its release, its end, where it
+    // ran and which block it was; blk_n counts them (a round trip at each block's end). Or NULL.
+    unsigned long long *blk;   // (blk_cap, 3)
+    unsigned *blk_n;
+    unsigned blk_cap;
 } st_trace_dev;
 // Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
 #define ST_TRACE_MARKS 8
@@ -115,6 +120,9 @@ __device__ __forceinline__ unsigned long long st_globaltimer() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+// STRATA_CUDA_TRACE_BLOCKS: when this block's wait returned (thread 0's, for st_trace_end).
+static __shared__ unsigned long long st_blk_release;
+
 // Block 0 takes its record's slot when it becomes resident, so after the wait it only stores
 // (an atomic's round trip there would delay every kernel's end by ~1.6 us). Slots follow launch
 // order: kernel i + 1 becomes resident only after every block of kernel i has passed its wait.
@@ -130,6 +138,7 @@ __device__ __forceinline__ unsigned st_pdl_begin() {
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" :::);
+    if (st_trace.blk && threadIdx.x == 0) st_blk_release = st_globaltimer();
     if (slot < st_trace.cap) {
         st_trace.rec[2 * slot] = resident;
         st_trace.rec[2 * slot + 1] = st_globaltimer();
@@ -157,12 +166,22 @@ __device__ __forceinline__ void st_trace_mark(unsigned slot, int k) {
 __device__ __forceinline__ void st_trace_end() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (st_trace.seq && threadIdx.x == 0) {
-        unsigned long long b = st_globaltimer() >> ST_TRACE_BIN_SHIFT;
+        const unsigned long long now = st_globaltimer(), b = now >> ST_TRACE_BIN_SHIFT;
         atomicAdd(st_trace.ends + (b & (ST_TRACE_BINS - 1)), 1u);
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         if (st_trace.sm_ends && sm < ST_TRACE_SMS)
             atomicAdd(st_trace.sm_ends + (size_t)sm * ST_TRACE_SM_BINS + (b & (ST_TRACE_SM_BINS - 1)), 1u);
+        if (st_trace.blk) {
+            unsigned i = atomicAdd(st_trace.blk_n, 1u);
+            if (i < st_trace.blk_cap) {
+                unsigned long long *r = st_trace.blk + 3 * (size_t)i;
+                r[0] = st_blk_release;
+                r[1] = now;
+                r[2] = (unsigned long long)(sm & 0xffu) | (unsigned long long)(blockIdx.x & 0xffffffu) << 8 |
+                       (unsigned long long)(blockIdx.y & 0xffffu) << 32 | (unsigned long long)(blockIdx.z & 0xffffu) << 48;
+            }
+        }
     }
 #endif
 }

@@ -89,6 +89,10 @@ static unsigned long long *trace_marks;  // and its marks
 static unsigned *trace_ends;             // and its histogram of block ends
 static unsigned *trace_sm_ends;          // and by multiprocessor (STRATA_CUDA_TRACE_SM)
 static char trace_sm_watch[64];          // STRATA_CUDA_TRACE_SM: launches whose label contains it
+static char trace_blk_path[512];         // STRATA_CUDA_TRACE_BLOCKS: the file for one replay's blocks
+static bool trace_blk_written;
+#define TRACE_BLK_CAP (1u << 18)         // block records a replay
+#define TRACE_BLK_REPLAY 64              // the counted replay whose blocks are written
 
 static void trace_op(st_backend *b, const char *key) {
     st_cuda *c = st_cuda_of(b);
@@ -103,6 +107,8 @@ static void trace_buffers_free(void) {
     cudaFree(trace_dev.marks);
     cudaFree(trace_dev.ends);
     cudaFree(trace_dev.sm_ends);
+    cudaFree(trace_dev.blk);
+    cudaFree(trace_dev.blk_n);
     free(trace_sm_ends);
     trace_sm_ends = NULL;
     free(trace_host);
@@ -143,6 +149,15 @@ bool st_cuda_trace_start(st_cuda *c) {
         if (e == cudaSuccess && !trace_sm_ends) e = cudaErrorMemoryAllocation;
         if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.sm_ends, sm_bytes);
         if (e == cudaSuccess) e = cudaMemset(trace_dev.sm_ends, 0, sm_bytes);
+    }
+    const char *blk = getenv("STRATA_CUDA_TRACE_BLOCKS");
+    snprintf(trace_blk_path, sizeof trace_blk_path, "%s", blk ? blk : "");
+    trace_blk_written = false;
+    if (trace_blk_path[0]) {
+        trace_dev.blk_cap = TRACE_BLK_CAP;
+        if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.blk, sizeof(unsigned long long) * 3 * TRACE_BLK_CAP);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.blk_n, sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(trace_dev.blk_n, 0, sizeof(unsigned));
     }
     if (e == cudaSuccess) e = cudaMemset(trace_dev.seq, 0, sizeof(unsigned));
     cudaError_t (*bind[])(const st_trace_dev *) = {st_trace_bind_attention, st_trace_bind_cuda, st_trace_bind_gdn,
@@ -249,6 +264,47 @@ static void trace_add(const char *label, double ns, double early, unsigned long 
     }
 }
 
+// STRATA_CUDA_TRACE_BLOCKS: this replay's block records to the file, one line a block with its
+// launch (the kernel whose release came last before the block's end), us after that release.
+static void trace_blocks_write(const st_trace_labels *l, unsigned n) {
+    unsigned nb = 0;
+    unsigned long long *r = NULL;
+    FILE *f = NULL;
+    if (cudaMemcpy(&nb, trace_dev.blk_n, sizeof nb, cudaMemcpyDeviceToHost) != cudaSuccess) goto fail;
+    if (nb > trace_dev.blk_cap) nb = trace_dev.blk_cap;
+    r = (unsigned long long *)malloc(sizeof(unsigned long long) * 3 * (nb ? nb : 1));
+    if (!r || cudaMemcpy(r, trace_dev.blk, sizeof(unsigned long long) * 3 * nb, cudaMemcpyDeviceToHost) != cudaSuccess)
+        goto fail;
+    f = fopen(trace_blk_path, "w");
+    if (!f) {
+        fprintf(stderr, "STRATA_CUDA_TRACE_BLOCKS: cannot write %s\n", trace_blk_path);
+        free(r);
+        return;
+    }
+    fprintf(f, "launch,label,block_x,block_y,block_z,sm,release_us,end_us\n");
+    for (unsigned b = 0; b < nb; b++) {
+        const unsigned long long *x = r + 3 * (size_t)b;
+        unsigned lo = 0, hi = n; // the last launch released at or before the block's end
+        while (hi - lo > 1) {
+            unsigned mid = (lo + hi) / 2;
+            if (trace_host[2 * mid + 1] <= x[1]) lo = mid;
+            else hi = mid;
+        }
+        double t0 = (double)trace_host[2 * lo + 1];
+        fprintf(f, "%u,\"%s\",%llu,%llu,%llu,%llu,%.3f,%.3f\n", lo, l->label[lo], (x[2] >> 8) & 0xffffffull,
+                (x[2] >> 32) & 0xffffull, x[2] >> 48, x[2] & 0xffull, ((double)x[0] - t0) / 1e3, ((double)x[1] - t0) / 1e3);
+    }
+    fclose(f);
+    fprintf(stderr, "STRATA_CUDA_TRACE_BLOCKS: %u blocks of replay %d written to %s\n", nb, TRACE_BLK_REPLAY,
+            trace_blk_path);
+    free(r);
+    return;
+fail:
+    cudaGetLastError();
+    free(r);
+    fprintf(stderr, "STRATA_CUDA_TRACE_BLOCKS: cannot read the block records back\n");
+}
+
 // After a replay of the graph whose launches l labels (queued on c->stream with the records
 // reset before it): waits for it and adds its kernels' times.
 void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
@@ -283,6 +339,10 @@ void st_cuda_trace_replayed(st_cuda *c, const st_trace_labels *l) {
     }
     trace_step_ns += (double)(trace_host[2 * n - 1] - trace_host[1]);
     trace_replays++;
+    if (trace_dev.blk && !trace_blk_written && trace_replays == TRACE_BLK_REPLAY) {
+        trace_blk_written = true;
+        trace_blocks_write(l, n);
+    }
 }
 
 // Resets the records before a replay (queued on the stream).
@@ -292,6 +352,7 @@ void st_cuda_trace_reset(st_cuda *c) {
     cudaMemsetAsync(trace_dev.ends, 0, sizeof(unsigned) * ST_TRACE_BINS, c->stream);
     if (trace_dev.sm_ends)
         cudaMemsetAsync(trace_dev.sm_ends, 0, sizeof(unsigned) * ST_TRACE_SMS * ST_TRACE_SM_BINS, c->stream);
+    if (trace_dev.blk_n) cudaMemsetAsync(trace_dev.blk_n, 0, sizeof(unsigned), c->stream);
 }
 
 static int trace_by_time(const void *a, const void *b) {
@@ -332,6 +393,9 @@ static void trace_report(void) {
             if (t->mark_n[k]) fprintf(stderr, " %d:%.2f", k, t->mark_ns[k] / 1e3 / (double)t->mark_n[k]);
         fprintf(stderr, "\n");
     }
+    if (trace_dev.blk && !trace_blk_written)
+        fprintf(stderr, "STRATA_CUDA_TRACE_BLOCKS: fewer than %d replays were counted: nothing written\n",
+                TRACE_BLK_REPLAY);
     if (trace_sm_ends) {
         fprintf(stderr, "\nBlocks by multiprocessor (STRATA_CUDA_TRACE_SM=%s): for the launches with k of their blocks "
                         "ending on one multiprocessor, how many such (multiprocessor, launch) pairs a launch had, and "
