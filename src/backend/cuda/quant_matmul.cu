@@ -1792,8 +1792,8 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
     return s_sel;
 }
 
-template <int T, int NX, bool GATE, int P, int W>
-__global__ void __launch_bounds__(32 * W, W == ST_MOE2_DOWN_WARPS ? 5 : 1) moe2_kernel(st_moe2_args p) {
+// The body of both kernels below (W warps a block).
+template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     __shared__ st_route_smem rs;
@@ -1911,6 +1911,19 @@ __global__ void __launch_bounds__(32 * W, W == ST_MOE2_DOWN_WARPS ? 5 : 1) moe2_
     st_trace_end();
 }
 
+// Two kernels for their bounds: eight warps with the compiler's own register choice (a minimum
+// of one block a multiprocessor in the bounds let it take 150 registers for the one-row Q4_K
+// gate/up, one block a multiprocessor, and its 192 blocks ran in two waves), and the one-row
+// down kernel's four warps held to 96 registers (five a multiprocessor).
+template <int T, int NX, bool GATE, int P>
+__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
+    moe2_body<T, NX, GATE, P, ST_MOE2_WARPS>(p);
+}
+template <int T, int P>
+__global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 5) moe2_down4_kernel(st_moe2_args p) {
+    moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS>(p);
+}
+
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
 // 2,380 -> 2,500 tok/s); windows keep one, whose R x NX sums would fill the registers.
 // (Again on 2026-11-30, 30B shape, whole card: one or two row pairs a warp decode 295 and 314
@@ -1929,7 +1942,7 @@ template <int T, int P> static bool moe2_down_fits(void) {
     static int fits = -1;
     if (fits < 0) {
         cudaFuncAttributes a;
-        fits = cudaFuncGetAttributes(&a, moe2_kernel<T, 1, false, P, ST_MOE2_DOWN_WARPS>) == cudaSuccess &&
+        fits = cudaFuncGetAttributes(&a, moe2_down4_kernel<T, P>) == cudaSuccess &&
                a.localSizeBytes <= 16;
         cudaGetLastError();
     }
@@ -1944,16 +1957,16 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     int rows_per_block = W * (GATE ? 1 : 2) * (n == 1 ? P1 : 1);
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
-#define L(NX, PP, WW) st_launch(c, moe2_kernel<T, NX, GATE, PP, WW>, grid, 32 * WW, smem, p)
     if constexpr (!GATE)
         if (W == ST_MOE2_DOWN_WARPS) {
-            L(1, P1, ST_MOE2_DOWN_WARPS);
+            st_launch(c, moe2_down4_kernel<T, P1>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
             ST_CU_LAUNCHED(c, "moe2_kernel");
             return;
         }
-    if (n == 1) L(1, P1, ST_MOE2_WARPS);
-    else if (n <= 4) L(4, 1, ST_MOE2_WARPS);
-    else L(16, 1, ST_MOE2_WARPS);
+#define L(NX, PP) st_launch(c, moe2_kernel<T, NX, GATE, PP>, grid, 32 * ST_MOE2_WARPS, smem, p)
+    if (n == 1) L(1, P1);
+    else if (n <= 4) L(4, 1);
+    else L(16, 1);
 #undef L
     ST_CU_LAUNCHED(c, "moe2_kernel");
 }
