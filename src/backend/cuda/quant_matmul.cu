@@ -1923,6 +1923,14 @@ template <int T, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 5) moe2_down4_kernel(st_moe2_args p) {
     moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS>(p);
 }
+// STRATA_MOE_CAP2=1 (for A/B runs; not yet measured): the one-row eight-warp kernels of types that
+// take more than 128 registers with the plain bounds (Q8_0 194, Q6_K 183 for the gate/up: one
+// block a multiprocessor, so the 30B-A3B's 192 gate/up blocks run in two waves) held to two
+// blocks a multiprocessor instead, spilling what does not fit.
+template <int T, bool GATE, int P>
+__global__ void __launch_bounds__(32 * ST_MOE2_WARPS, 2) moe2_cap2_kernel(st_moe2_args p) {
+    moe2_body<T, 1, GATE, P, ST_MOE2_WARPS>(p);
+}
 
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
 // 2,380 -> 2,500 tok/s); windows keep one, whose R x NX sums would fill the registers.
@@ -1949,6 +1957,19 @@ template <int T, int P> static bool moe2_down_fits(void) {
     return fits;
 }
 
+// Whether the one-row eight-warp kernel of type T runs held to two blocks a multiprocessor
+// (STRATA_MOE_CAP2=1 and its plain kernel takes more than 128 registers a thread).
+template <int T, bool GATE, int P> static bool moe2_cap2(void) {
+    static int cap = -1;
+    if (cap < 0) {
+        cudaFuncAttributes a;
+        cap = env_on("STRATA_MOE_CAP2") && cudaFuncGetAttributes(&a, moe2_kernel<T, 1, GATE, P>) == cudaSuccess &&
+              a.numRegs > 128;
+        cudaGetLastError();
+    }
+    return cap;
+}
+
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
     constexpr int P1 = 4;
     int W = moe2_warps(GATE, n);
@@ -1964,7 +1985,8 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
             return;
         }
 #define L(NX, PP) st_launch(c, moe2_kernel<T, NX, GATE, PP>, grid, 32 * ST_MOE2_WARPS, smem, p)
-    if (n == 1) L(1, P1);
+    if (n == 1 && moe2_cap2<T, GATE, P1>()) st_launch(c, moe2_cap2_kernel<T, GATE, P1>, grid, 32 * ST_MOE2_WARPS, smem, p);
+    else if (n == 1) L(1, P1);
     else if (n <= 4) L(4, 1);
     else L(16, 1);
 #undef L
