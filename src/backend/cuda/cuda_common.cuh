@@ -59,7 +59,8 @@ typedef struct st_cuda {
 } st_cuda;
 
 static inline st_cuda *st_cuda_of(st_backend *b) { return (st_cuda *)b; }
-void st_cuda_trace_launch(st_cuda *c); // STRATA_CUDA_TRACE: a kernel was launched on c->stream
+// STRATA_CUDA_TRACE: kernel k was launched on c->stream with these dimensions.
+void st_cuda_trace_launch(st_cuda *c, const void *k, dim3 grid, dim3 block, size_t smem);
 
 // Records a failed CUDA call (the first one since the last sync is kept and reported by sync).
 void st_cuda_fail(st_cuda *c, cudaError_t e, const char *what, const char *file, int line);
@@ -542,7 +543,7 @@ static inline void st_launch_on(st_cuda *c, cudaStream_t s, bool pdl, void (*k)(
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     ST_CU(c, cudaLaunchKernelEx(&cfg, k, st_arg<P>(args)...));
-    if (c->trace && s == c->stream) st_cuda_trace_launch(c);
+    if (c->trace && s == c->stream) st_cuda_trace_launch(c, (const void *)k, grid, block, smem);
 }
 template <typename... P, typename... A>
 static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {

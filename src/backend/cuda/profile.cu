@@ -56,7 +56,7 @@ static void prof_add(const char *key, double ms) {
 // release minus its own; the last kernel of a graph has no successor and is not counted.
 
 #define TRACE_CAP 16384
-#define TRACE_LABEL 112
+#define TRACE_LABEL 160
 
 struct st_trace_labels {
     int n, cap;
@@ -174,7 +174,9 @@ bool st_cuda_trace_start(st_cuda *c) {
     return true;
 }
 
-void st_cuda_trace_launch(st_cuda *c) {
+// A launch's label also says when its blocks cannot all be resident at once (the kernel alone on
+// the card): a second wave starts only as the first ends, with nothing fetched early.
+void st_cuda_trace_launch(st_cuda *c, const void *k, dim3 grid, dim3 block, size_t smem) {
     if (!c->capturing) return; // only recordings are matched to records
     st_trace_labels *l = c->trace_labels;
     if (!l) l = c->trace_labels = (st_trace_labels *)calloc(1, sizeof *l);
@@ -185,7 +187,16 @@ void st_cuda_trace_launch(st_cuda *c) {
         if (!p) return;
         l->label = (char(*)[TRACE_LABEL])p, l->cap = cap;
     }
-    snprintf(l->label[l->n++], TRACE_LABEL, "%s #%d", c->trace_op[0] ? c->trace_op : "(outside an op)", ++c->trace_k);
+    char waves[96] = "";
+    int per_sm = 0;
+    unsigned long long blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)(block.x * block.y * block.z), smem) != cudaSuccess)
+        cudaGetLastError(), per_sm = 0;
+    unsigned long long once = (unsigned long long)per_sm * (unsigned long long)c->prop.multiProcessorCount;
+    if (once && blocks > once)
+        snprintf(waves, sizeof waves, " [%llu waves: %llu blocks, %llu at once]", (blocks + once - 1) / once, blocks, once);
+    snprintf(l->label[l->n++], TRACE_LABEL, "%s #%d%s", c->trace_op[0] ? c->trace_op : "(outside an op)", ++c->trace_k,
+             waves);
 }
 
 st_trace_labels *st_cuda_trace_take(st_cuda *c) {
