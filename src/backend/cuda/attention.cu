@@ -487,38 +487,22 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         if (qi >= p.nq) break; // (warp-uniform)
         size_t rh = (size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G;
         const float *base = p.part + rh * (D + 2);
-        // One round trip for the usual few splits: each lane's (m, l) of split `lane` and the
-        // first CB splits' values are loaded together, then the sums run in their order.
-        constexpr int CB = 8;
-        float m0 = lane < act ? __ldcg(base + lane * ss) : -INFINITY, l0 = lane < act ? __ldcg(base + lane * ss + 1) : 0.0f;
-        float av[CB][EPL];
-#pragma unroll
-        for (int s2 = 0; s2 < CB; s2++)
-#pragma unroll
-            for (int e = 0; e < EPL; e++) av[s2][e] = s2 < act ? __ldcg(base + s2 * ss + 2 + e * 32 + lane) : 0.0f;
-        float mx = fmaxf(-INFINITY, m0);
-        for (int s2 = lane + 32; s2 < act; s2 += 32) mx = fmaxf(mx, __ldcg(base + s2 * ss));
+        float mx = -INFINITY;
+        for (int s2 = lane; s2 < act; s2 += 32) mx = fmaxf(mx, __ldcg(base + s2 * ss));
         mx = attn_warp_max(mx); // finite: split 0 sees position 0
         float ls = 0.0f;
         for (int s2 = lane; s2 < act; s2 += 32) {
-            float ms = s2 == lane ? m0 : __ldcg(base + s2 * ss), f = ms == -INFINITY ? 0.0f : expf(ms - mx);
+            float ms = __ldcg(base + s2 * ss), f = ms == -INFINITY ? 0.0f : expf(ms - mx);
             fw[s2] = f;
-            ls += (s2 == lane ? l0 : __ldcg(base + s2 * ss + 1)) * f;
+            ls += __ldcg(base + s2 * ss + 1) * f;
         }
         for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
         __syncwarp(); // fw is written
         float a[EPL];
 #pragma unroll
         for (int e = 0; e < EPL; e++) a[e] = 0.0f;
-#pragma unroll
-        for (int s2 = 0; s2 < CB; s2++)
-            if (s2 < act) {
-                float f = fw[s2];
-#pragma unroll
-                for (int e = 0; e < EPL; e++) a[e] += f * av[s2][e];
-            }
 #pragma unroll 8
-        for (int s2 = CB; s2 < act; s2++) { // (8 splits' loads in flight per lane)
+        for (int s2 = 0; s2 < act; s2++) { // (8 splits' loads in flight per lane)
             float f = fw[s2];
 #pragma unroll
             for (int e = 0; e < EPL; e++) a[e] += f * __ldcg(base + s2 * ss + 2 + e * 32 + lane);

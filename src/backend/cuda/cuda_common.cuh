@@ -164,26 +164,31 @@ __device__ __forceinline__ void st_trace_mark(unsigned slot, int k) {
 // last block, and kernel i's blocks all end between its release and kernel i + 1's, so the
 // histogram's bins in that window are kernel i's (profile.cu: when half, nine tenths and all
 // of its blocks had ended).
-__device__ __forceinline__ void st_trace_end() {
+// (Out of line: inlined, its records' registers raised some kernels' counts past an occupancy
+// step, e.g. attention at head dim 256, two queries a warp: 128 -> 144.)
+static __device__ __noinline__ void st_trace_end_record() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (st_trace.seq && threadIdx.x == 0) {
-        const unsigned long long now = st_globaltimer(), b = now >> ST_TRACE_BIN_SHIFT;
-        atomicAdd(st_trace.ends + (b & (ST_TRACE_BINS - 1)), 1u);
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        if (st_trace.sm_ends && sm < ST_TRACE_SMS)
-            atomicAdd(st_trace.sm_ends + (size_t)sm * ST_TRACE_SM_BINS + (b & (ST_TRACE_SM_BINS - 1)), 1u);
-        if (st_trace.blk) {
-            unsigned i = atomicAdd(st_trace.blk_n, 1u);
-            if (i < st_trace.blk_cap) {
-                unsigned long long *r = st_trace.blk + 3 * (size_t)i;
-                r[0] = st_blk_release;
-                r[1] = now;
-                r[2] = (unsigned long long)(sm & 0xffu) | (unsigned long long)(blockIdx.x & 0xffffffu) << 8 |
-                       (unsigned long long)(blockIdx.y & 0xffffu) << 32 | (unsigned long long)(blockIdx.z & 0xffffu) << 48;
-            }
+    const unsigned long long now = st_globaltimer(), b = now >> ST_TRACE_BIN_SHIFT;
+    atomicAdd(st_trace.ends + (b & (ST_TRACE_BINS - 1)), 1u);
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (st_trace.sm_ends && sm < ST_TRACE_SMS)
+        atomicAdd(st_trace.sm_ends + (size_t)sm * ST_TRACE_SM_BINS + (b & (ST_TRACE_SM_BINS - 1)), 1u);
+    if (st_trace.blk) {
+        unsigned i = atomicAdd(st_trace.blk_n, 1u);
+        if (i < st_trace.blk_cap) {
+            unsigned long long *r = st_trace.blk + 3 * (size_t)i;
+            r[0] = st_blk_release;
+            r[1] = now;
+            r[2] = (unsigned long long)(sm & 0xffu) | (unsigned long long)(blockIdx.x & 0xffffffu) << 8 |
+                   (unsigned long long)(blockIdx.y & 0xffffu) << 32 | (unsigned long long)(blockIdx.z & 0xffffu) << 48;
         }
     }
+#endif
+}
+__device__ __forceinline__ void st_trace_end() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (st_trace.seq && threadIdx.x == 0) st_trace_end_record();
 #endif
 }
 
