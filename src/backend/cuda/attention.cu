@@ -87,6 +87,9 @@ typedef struct attn_params {
     // head) merges the splits (counter: attn_counters[hk * gridDim.x + query tile]), so no
     // combine kernel runs. NULL: attn_combine_kernel runs after.
     unsigned *counters;
+    // The first tile's rows of earlier steps are read before the wait even when the tile also
+    // holds new rows (patched in after): STRATA_ATTN_EARLY=0 reads such a tile after (A/B).
+    int early_mix;
     int n, H, G, nq, ns, min_chunk;
     float scale;
     // The FP32 kernel with its own combine, or NULL: out also quantized for the output
@@ -112,6 +115,31 @@ struct attn_tile {
     float v[STEPS][8];
 };
 
+// Values x8 .. x8+7 of new row i (at fresh + i * fstride, this head's values) as the cache
+// stores them: from the input, rounded as kv_store_plain_kernel rounds them.
+__device__ __forceinline__ void attn_fresh8(float *v, const float *fresh, int fstride, int i, int x8, int kv_type) {
+    const float4 *f = (const float4 *)(fresh + (size_t)i * fstride + x8);
+    float4 a = f[0], b = f[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    if (kv_type == ST_KV_F16) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = __half2float(__float2half_rn(v[e]));
+    }
+}
+
+// The rows pos0 .. t_end-1 of a tile fetched early (rows of earlier steps only, zeros past
+// them), from the new rows once they exist.
+template <int D, int TK>
+__device__ __forceinline__ void attn_patch_tile(attn_tile<D, TK> &r, const float *fresh, int fstride, int kv_type,
+                                                int t0, int t_end, int pos0) {
+    typedef attn_tile<D, TK> R;
+#pragma unroll
+    for (int k = 0; k < R::STEPS; k++) {
+        int gi = threadIdx.x + k * ATTN_WARPS * 32, t = t0 + gi / R::G8;
+        if (gi < TK * R::G8 && t < t_end && t >= pos0) attn_fresh8(r.v[k], fresh, fstride, t - pos0, (gi % R::G8) * 8, kv_type);
+    }
+}
+
 // fresh: the new rows (row t - pos0 at fresh + (t - pos0) * fstride), this head's values.
 template <int D, int TK>
 __device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void *cache, const float *fresh,
@@ -123,14 +151,7 @@ __device__ __forceinline__ void attn_fetch_tile(attn_tile<D, TK> &r, const void 
         int gi = threadIdx.x + k * ATTN_WARPS * 32, tt = gi / R::G8, x8 = (gi % R::G8) * 8, t = t0 + tt;
         float *v = r.v[k];
         if (gi < TK * R::G8 && t < t_end && fresh && t >= pos0) {
-            // A new row: from the input, rounded as the cache stores it (kv_store_plain_kernel).
-            const float4 *f = (const float4 *)(fresh + (size_t)(t - pos0) * fstride + x8);
-            float4 a = f[0], b = f[1];
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-            if (p.kv_type == ST_KV_F16) {
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = __half2float(__float2half_rn(v[e]));
-            }
+            attn_fresh8(v, fresh, fstride, t - pos0, x8, p.kv_type);
         } else if (gi < TK * R::G8 && t < t_end) {
             const char *row = (const char *)cache + (size_t)t * p.row_bytes;
             int idx = hk * D + x8; // value index within the cache row
@@ -297,14 +318,17 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             cs[i * 2 * half + k] = (float)cn;
             cs[i * 2 * half + half + k] = (float)sn;
         }
-    // A first tile of rows that earlier steps wrote (all before pos0) is read before the wait:
-    // the kernels that wrote them finished before this one could start, and its loads then fly
-    // while the kernel before finishes. Rows of this step come from knew / vnew after the wait.
+    // The first tile's rows that earlier steps wrote (before pos0) are read before the wait: the
+    // kernels that wrote them finished before this one could start, and its loads then fly
+    // while the kernel before finishes. Rows of this step come from knew / vnew after the wait
+    // (patched into an early tile that holds both: the last split's, in decode).
     attn_tile<D, TK> kt, vt;
-    const bool early = t_begin < t_end && min(t_begin + TK, t_end) <= pos0;
+    const int t_old = min(t_end, pos0); // the rows of earlier steps end here
+    const bool mixed = min(t_begin + TK, t_end) > pos0;
+    const bool early = t_begin < t_old && (!mixed || (p.early_mix && p.knew)); // (else the store ran first)
     if (early) {
-        attn_fetch_tile<D, TK>(kt, p.kc, NULL, 0, p, hk, t_begin, t_end, pos0);
-        attn_fetch_tile<D, TK>(vt, p.vc, NULL, 0, p, hk, t_begin, t_end, pos0);
+        attn_fetch_tile<D, TK>(kt, p.kc, NULL, 0, p, hk, t_begin, t_old, pos0);
+        attn_fetch_tile<D, TK>(vt, p.vc, NULL, 0, p, hk, t_begin, t_old, pos0);
     }
     // STRATA_CUDA_TRACE marks: 0 a first read of q arrived, 1 q and k normed and rotated, 2 the new
     // rows stored, 3 tiles done, 4 partials out, 5 counted in
@@ -372,6 +396,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     if (t_begin < t_end && !early) {
         attn_fetch_tile<D, TK>(kt, p.kc, kfresh, kstride, p, hk, t_begin, t_end, pos0);
         attn_fetch_tile<D, TK>(vt, p.vc, vfresh, p.nv, p, hk, t_begin, t_end, pos0);
+    } else if (early && mixed) {
+        attn_patch_tile<D, TK>(kt, kfresh, kstride, p.kv_type, t_begin, t_end, pos0);
+        attn_patch_tile<D, TK>(vt, vfresh, p.nv, p.kv_type, t_begin, t_end, pos0);
     }
     for (int t0 = t_begin; t0 < t_end; t0 += TK) {
         __syncthreads(); // the previous tile is consumed (and Qs is written, the first time)
@@ -930,6 +957,16 @@ static bool attn_old(void) {
     return old == 1;
 }
 
+// STRATA_ATTN_EARLY=0: a first tile with new rows is read after the wait (attn_params.early_mix).
+static bool attn_early_mix(void) {
+    static int mix = -1;
+    if (mix < 0) {
+        const char *e = getenv("STRATA_ATTN_EARLY");
+        mix = !(e && e[0] == '0');
+    }
+    return mix == 1;
+}
+
 // STRATA_ATTN_WO=0: the output projection quantizes the floats itself (for an A/B); read once.
 static bool attn_wo_floats(void) {
     static int floats = -1;
@@ -981,6 +1018,7 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     bool old = attn_old();
     bool fuse = !tc && !old && kv->type != ST_KV_Q8_0 && ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0;
     if (!tc && !old) p.counters = attn_counters_of(c);
+    p.early_mix = attn_early_mix();
     // The q / k norms and RoPE inside the kernel for decode and verify windows (one launch fewer
     // a layer); elsewhere a norm_rope launch first.
     if (a->q_norm && fuse && a->n <= ST_CUDA_GRAPH_ROWS && 2 * (a->n_rot / 2) <= D) {

@@ -97,6 +97,9 @@ typedef struct st_trace_dev {
     unsigned long long *blk;   // (blk_cap, 3)
     unsigned *blk_n;
     unsigned blk_cap;
+    // STRATA_CUDA_TRACE_MARK_BLOCK=X,Y,Z: the block that takes each kernel's record and marks
+    // (each index clipped to the grid), so the marks can follow a block other than block 0.
+    unsigned mark_at[3];
 } st_trace_dev;
 // Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
 #define ST_TRACE_MARKS 8
@@ -127,10 +130,14 @@ static __shared__ unsigned long long st_blk_release;
 // Block 0 takes its record's slot when it becomes resident, so after the wait it only stores
 // (an atomic's round trip there would delay every kernel's end by ~1.6 us). Slots follow launch
 // order: kernel i + 1 becomes resident only after every block of kernel i has passed its wait.
-// Returns the slot to block 0 while tracing (else ~0u), for st_trace_mark.
+// Returns the slot to block 0 (or the one STRATA_CUDA_TRACE_MARK_BLOCK names) while tracing
+// (else ~0u), for st_trace_mark.
 __device__ __forceinline__ unsigned st_pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const bool first = (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+    const bool first = (threadIdx.x | threadIdx.y | threadIdx.z) == 0 &&
+                       blockIdx.x == min(st_trace.mark_at[0], gridDim.x - 1) &&
+                       blockIdx.y == min(st_trace.mark_at[1], gridDim.y - 1) &&
+                       blockIdx.z == min(st_trace.mark_at[2], gridDim.z - 1);
     unsigned long long resident = 0;
     unsigned slot = ~0u;
     if (first && st_trace.seq) {

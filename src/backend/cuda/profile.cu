@@ -150,6 +150,11 @@ bool st_cuda_trace_start(st_cuda *c) {
         if (e == cudaSuccess) e = cudaMalloc((void **)&trace_dev.sm_ends, sm_bytes);
         if (e == cudaSuccess) e = cudaMemset(trace_dev.sm_ends, 0, sm_bytes);
     }
+    const char *at = getenv("STRATA_CUDA_TRACE_MARK_BLOCK");
+    if (at && sscanf(at, "%u,%u,%u", &trace_dev.mark_at[0], &trace_dev.mark_at[1], &trace_dev.mark_at[2]) != 3) {
+        fprintf(stderr, "STRATA_CUDA_TRACE_MARK_BLOCK: '%s' is not X,Y,Z (a block index); marking block 0\n", at);
+        trace_dev.mark_at[0] = trace_dev.mark_at[1] = trace_dev.mark_at[2] = 0;
+    }
     const char *blk = getenv("STRATA_CUDA_TRACE_BLOCKS");
     snprintf(trace_blk_path, sizeof trace_blk_path, "%s", blk ? blk : "");
     trace_blk_written = false;
