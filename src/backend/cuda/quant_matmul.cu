@@ -1923,10 +1923,11 @@ template <int T, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 5) moe2_down4_kernel(st_moe2_args p) {
     moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS>(p);
 }
-// STRATA_MOE_CAP2=1 (for A/B runs; not yet measured): the one-row eight-warp kernels of types that
-// take more than 128 registers with the plain bounds (Q8_0 194, Q6_K 183 for the gate/up: one
-// block a multiprocessor, so the 30B-A3B's 192 gate/up blocks run in two waves) held to two
-// blocks a multiprocessor instead, spilling what does not fit.
+// The one-row eight-warp kernels of types that take more than 128 registers with the plain
+// bounds (Q8_0 194, Q6_K 183 for the gate/up: one block a multiprocessor, so the 30B-A3B's 192
+// gate/up blocks run in two waves), held to two blocks a multiprocessor, spilling what does not
+// fit (30B-A3B decode, 2026-12-01: Q8_0, 88 bytes spilled, 287.3 -> 313.6 tok/s, gate/up 25.6 ->
+// 22.2 us a layer; Q6_K, 224 bytes spilled, 249.5 -> 256.5). STRATA_MOE_CAP2=0: never.
 template <int T, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS, 2) moe2_cap2_kernel(st_moe2_args p) {
     moe2_body<T, 1, GATE, P, ST_MOE2_WARPS>(p);
@@ -1957,13 +1958,13 @@ template <int T, int P> static bool moe2_down_fits(void) {
     return fits;
 }
 
-// Whether the one-row eight-warp kernel of type T runs held to two blocks a multiprocessor
-// (STRATA_MOE_CAP2=1 and its plain kernel takes more than 128 registers a thread).
+// Whether the one-row eight-warp kernel of type T runs held to two blocks a multiprocessor (its
+// plain kernel takes more than 128 registers a thread; STRATA_MOE_CAP2=0: never).
 template <int T, bool GATE, int P> static bool moe2_cap2(void) {
     static int cap = -1;
     if (cap < 0) {
         cudaFuncAttributes a;
-        cap = env_on("STRATA_MOE_CAP2") && cudaFuncGetAttributes(&a, moe2_kernel<T, 1, GATE, P>) == cudaSuccess &&
+        cap = !env_is_0("STRATA_MOE_CAP2") && cudaFuncGetAttributes(&a, moe2_kernel<T, 1, GATE, P>) == cudaSuccess &&
               a.numRegs > 128;
         cudaGetLastError();
     }
