@@ -244,6 +244,17 @@ static void test_matmul_mma(void **state) {
         if (st_type_get(t)->block <= 32) matmul_case(t, 33, 96, &st);
         printf("mma %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
     }
+    // The staged tile GEMM (raw blocks in shared memory a span ahead), every type again.
+    setenv("STRATA_GMM_STAGED", "1", 1);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        st_type t = ALL_TYPES[ti];
+        if (!st_type_get(t)->quantized) continue;
+        err_stats st = {0, 0, 0};
+        matmul_case(t, 129, 768, &st);
+        if (st_type_get(t)->block <= 32) matmul_case(t, 33, 96, &st);
+        printf("staged %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
+    }
+    unsetenv("STRATA_GMM_STAGED");
     unsetenv("STRATA_CUQ_DENSE_MMA");
     if (quick()) return;
     // The previous kernels (STRATA_CUQ_OLD=1: separate quantize launch, staged matrix-vector
@@ -596,6 +607,11 @@ static void test_moe(void **state) {
         {8, 2, 200, 288, 160, ST_TYPE_Q4_0, ST_TYPE_Q5_0, ST_TYPE_IQ4_NL, 0.05}, // gate and up differ (one activation type on the CPU)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
+    // Prompt chunks through the staged tile GEMM (STRATA_GMM_STAGED=1).
+    setenv("STRATA_GMM_STAGED", "1", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (cases[i].n > 16) moe_run(&cases[i]); // (prompt chunks: more rows than a window)
+    unsetenv("STRATA_GMM_STAGED");
     // The previous paths (windows: plan, quantize, staged kernels; prompts: dequantize, one
     // cuBLAS GEMM per expert), kept for A/B runs.
     if (quick()) return; // under the sanitizers: the current paths only
@@ -967,7 +983,16 @@ static int bench(void) {
             double s2 = time_op(mm_fn, &m);
             unsetenv("STRATA_CUQ_OLD");
             unsetenv("STRATA_CUQ_DENSE_MMA");
-            printf("; %s %9.1f us %7.0f GB/s\n", ns[i] <= 16 ? "old kernels" : "tile GEMM", s2 * 1e6, bytes / s2 / 1e9);
+            printf("; %s %9.1f us %7.0f GB/s", ns[i] <= 16 ? "old kernels" : "tile GEMM", s2 * 1e6, bytes / s2 / 1e9);
+            if (ns[i] > 16) {
+                setenv("STRATA_CUQ_DENSE_MMA", "1", 1);
+                setenv("STRATA_GMM_STAGED", "1", 1);
+                double s3 = time_op(mm_fn, &m);
+                unsetenv("STRATA_GMM_STAGED");
+                unsetenv("STRATA_CUQ_DENSE_MMA");
+                printf("; staged %9.1f us %8.1f TFLOPS", s3 * 1e6, 2.0 * ns[i] * rows * cols / s3 / 1e12);
+            }
+            printf("\n");
         }
         dev_free((void *)m.w.data);
     }
@@ -1015,6 +1040,10 @@ static int bench(void) {
                 double s2 = time_op(moe_fn, &a);
                 unsetenv("STRATA_CUQ_OLD");
                 printf("    (previous path, STRATA_CUQ_OLD=1: %9.1f us %7.2f TFLOPS)\n", s2 * 1e6, flops / s2 / 1e12);
+                setenv("STRATA_GMM_STAGED", "1", 1);
+                double s3 = time_op(moe_fn, &a);
+                unsetenv("STRATA_GMM_STAGED");
+                printf("    (staged tile GEMM, STRATA_GMM_STAGED=1: %9.1f us %7.2f TFLOPS)\n", s3 * 1e6, flops / s3 / 1e12);
             }
             dev_free((void *)a.ids), dev_free((void *)a.weights), dev_free(xdd), dev_free(ydd);
             free(ids), free(wts);

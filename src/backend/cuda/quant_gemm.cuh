@@ -71,18 +71,9 @@ __device__ __forceinline__ void gmm_load_a(const uint8_t *row, int c, bool ok, _
     for (int j = 0; j < 4; j++) d[j] = make_uint4(u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
 }
 
-// y[x0 + j][r0 + i] = Σ_k W_m[r0 + i][k] · x[x0 + j][k] for the block's tile.
-template <int T>
-__global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
-    st_pdl_begin();
-#if __CUDA_ARCH__ >= 800
-    using namespace nvcuda;
-    __shared__ __align__(128) uint8_t smem[ST_GM_SMEM];
-    __nv_bfloat16 *sa = (__nv_bfloat16 *)smem;       // (BM, LDS) weights, row-major
-    __nv_bfloat16 *sb = sa + ST_GM_BM * ST_GM_LDS;    // (BN, LDS) activations, row-major
-    float *sc = (float *)smem;                        // (BN, LDC) output, after the loop
-
-    int mat, x0, nx;
+// The pieces both GEMM kernels share. A block's tile: its matrix, first activation row and
+// row count (tiles, or row blocks of matrix 0 for a dense matmul).
+__device__ __forceinline__ void gmm_tile(const st_gmm_args &p, int &mat, int &x0, int &nx) {
     if (p.tiles) {
         int4 t = p.tiles[blockIdx.x];
         mat = t.x, x0 = t.y, nx = t.z;
@@ -91,75 +82,64 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
         x0 = blockIdx.x * ST_GM_BN;
         nx = p.nx_total - x0 < ST_GM_BN ? p.nx_total - x0 : ST_GM_BN;
     }
-    bool glu = p.w2 != NULL;
-    int64_t r0 = (int64_t)blockIdx.y * (glu ? ST_GM_BM / 2 : ST_GM_BM);
-    int tid = threadIdx.x, warp = tid >> 5;
-    int nchunk = p.cols / 32;
+}
 
-    // A: thread t dequantizes chunk (t & 1) of the step for tile row t >> 1 (weight row r0 + t/2,
-    // or with glu: gate row r0 + t/2 for the first 64, up row r0 + t/2 - 64 after).
-    int am = tid >> 1, akc = tid & 1;
-    int64_t ar = r0 + (glu && am >= ST_GM_BM / 2 ? am - ST_GM_BM / 2 : am);
-    bool arow_ok = ar < p.rows;
-    const uint8_t *arow;
-    if (glu && am >= ST_GM_BM / 2)
-        arow = p.w2 + (size_t)mat * p.mat_bytes2 + (size_t)(arow_ok ? ar : 0) * p.row_bytes2;
-    else
-        arow = p.w + (size_t)mat * p.mat_bytes + (size_t)(arow_ok ? ar : 0) * p.row_bytes;
+// Weight row of tile row am (0 .. BM-1) from the block's first row r0: with glu the first 64
+// are gate rows r0 + am, the rest up rows r0 + am - 64. *ok: the row exists.
+__device__ __forceinline__ const uint8_t *gmm_wrow(const st_gmm_args &p, int mat, int64_t r0, int am, bool *ok) {
+    bool up = p.w2 && am >= ST_GM_BM / 2;
+    int64_t r = r0 + (up ? am - ST_GM_BM / 2 : am);
+    *ok = r < p.rows;
+    if (!*ok) r = 0;
+    return up ? p.w2 + (size_t)mat * p.mat_bytes2 + (size_t)r * p.row_bytes2
+              : p.w + (size_t)mat * p.mat_bytes + (size_t)r * p.row_bytes;
+}
 
-    int wr = (warp & 3) * 32, wc = (warp >> 2) * 32; // the warp's rows (weights) and columns (x rows)
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+// B: 64 rows x 64 bf16 = 512 16-byte pieces, two per thread, zeros past the data (the
+// products with zero weights must not meet garbage NaNs). Loaded into registers a step ahead.
+__device__ __forceinline__ void gmm_load_b(const st_gmm_args &p, int x0, int nx, int k0, uint4 (&b)[2]) {
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-
-    // B: 64 rows x 64 bf16 = 512 16-byte pieces, two per thread, zeros past the data (the
-    // products with zero weights must not meet garbage NaNs). The next step's pieces are loaded
-    // into registers, and its weight bytes prefetched into L2, while this step multiplies.
-    uint4 bnext[2];
-    auto load_b = [&](int k0) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int v = tid + ST_GM_THREADS * h, j = v >> 3, k = k0 + (v & 7) * 8;
-            bnext[h] = make_uint4(0, 0, 0, 0);
-            if (j < nx && k < p.cols) bnext[h] = *(const uint4 *)(p.x + (size_t)(x0 + j) * p.cols + k);
-        }
-    };
-    constexpr int CPB = st_qt<T>::QK / 32, BS = st_qt<T>::BS;
-    load_b(0);
-    for (int k0 = 0; k0 < p.cols; k0 += ST_GM_BK) {
-        int c = k0 / 32 + akc;
-        gmm_load_a<T>(arow, c, arow_ok && c < nchunk, sa + am * ST_GM_LDS + akc * 32);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int v = tid + ST_GM_THREADS * h;
-            *(uint4 *)(sb + (v >> 3) * ST_GM_LDS + (v & 7) * 8) = bnext[h];
-        }
-        __syncthreads();
-        if (k0 + ST_GM_BK < p.cols) {
-            load_b(k0 + ST_GM_BK);
-            int cn = c + 2;
-            if (arow_ok && cn < nchunk) // the chunk's share of its block: headers for the first
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(arow + (size_t)(cn / CPB) * BS + (cn % CPB) * BS / CPB));
-        }
-#pragma unroll
-        for (int kk = 0; kk < ST_GM_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], sa + (wr + 16 * i) * ST_GM_LDS + kk, ST_GM_LDS);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], sb + (wc + 16 * j) * ST_GM_LDS + kk, ST_GM_LDS);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        __syncthreads();
+    for (int h = 0; h < 2; h++) {
+        int v = threadIdx.x + ST_GM_THREADS * h, j = v >> 3, k = k0 + (v & 7) * 8;
+        b[h] = make_uint4(0, 0, 0, 0);
+        if (j < nx && k < p.cols) b[h] = *(const uint4 *)(p.x + (size_t)(x0 + j) * p.cols + k);
     }
+}
+__device__ __forceinline__ void gmm_store_b(__nv_bfloat16 *sb, const uint4 (&b)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int v = threadIdx.x + ST_GM_THREADS * h;
+        *(uint4 *)(sb + (v >> 3) * ST_GM_LDS + (v & 7) * 8) = b[h];
+    }
+}
 
-    // Stage the tile column-major (output row j's values contiguous), then coalesced stores.
+#if __CUDA_ARCH__ >= 800
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> gmm_acc;
+
+// One 64-column step of the warp's 32 x 32 piece (rows wr.., columns wc..) from sa and sb.
+__device__ __forceinline__ void gmm_mma(const __nv_bfloat16 *sa, const __nv_bfloat16 *sb, int wr, int wc,
+                                        gmm_acc (&acc)[2][2]) {
+    using namespace nvcuda;
+#pragma unroll
+    for (int kk = 0; kk < ST_GM_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], sa + (wr + 16 * i) * ST_GM_LDS + kk, ST_GM_LDS);
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], sb + (wc + 16 * j) * ST_GM_LDS + kk, ST_GM_LDS);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+
+// The tile staged column-major in sc (output row j's values contiguous), then coalesced stores:
+// y, or with glu h = silu(gate) · up as bf16. sc may alias the A / B tiles (the loop is done).
+__device__ __forceinline__ void gmm_epilogue(const st_gmm_args &p, float *sc, int wr, int wc, gmm_acc (&acc)[2][2],
+                                             int64_t r0, int x0, int nx) {
+    using namespace nvcuda;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -167,7 +147,8 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
             wmma::store_matrix_sync(sc + (wc + 16 * j) * ST_GM_LDC + wr + 16 * i, acc[i][j], ST_GM_LDC,
                                     wmma::mem_col_major);
     __syncthreads();
-    if (glu) {
+    const int tid = threadIdx.x;
+    if (p.w2) {
         constexpr int HB = ST_GM_BM / 2;
         for (int v = tid; v < ST_GM_BN * HB; v += ST_GM_THREADS) {
             int j = v / HB, i = v % HB;
@@ -182,5 +163,148 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
             if (j < nx && r0 + i < p.rows) p.y[(size_t)(x0 + j) * p.ldy + r0 + i] = sc[j * ST_GM_LDC + i];
         }
     }
+}
+#endif
+
+// y[x0 + j][r0 + i] = Σ_k W_m[r0 + i][k] · x[x0 + j][k] for the block's tile.
+template <int T>
+__global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
+    st_pdl_begin();
+#if __CUDA_ARCH__ >= 800
+    using namespace nvcuda;
+    __shared__ __align__(128) uint8_t smem[ST_GM_SMEM];
+    __nv_bfloat16 *sa = (__nv_bfloat16 *)smem;       // (BM, LDS) weights, row-major
+    __nv_bfloat16 *sb = sa + ST_GM_BM * ST_GM_LDS;    // (BN, LDS) activations, row-major
+    int mat, x0, nx;
+    gmm_tile(p, mat, x0, nx);
+    int64_t r0 = (int64_t)blockIdx.y * (p.w2 ? ST_GM_BM / 2 : ST_GM_BM);
+    int tid = threadIdx.x, warp = tid >> 5;
+    int nchunk = p.cols / 32;
+
+    // A: thread t dequantizes chunk (t & 1) of the step for tile row t >> 1.
+    int am = tid >> 1, akc = tid & 1;
+    bool arow_ok;
+    const uint8_t *arow = gmm_wrow(p, mat, r0, am, &arow_ok);
+
+    int wr = (warp & 3) * 32, wc = (warp >> 2) * 32; // the warp's rows (weights) and columns (x rows)
+    gmm_acc acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    // The next step's B pieces are loaded into registers, and its weight bytes prefetched into
+    // L2, while this step multiplies.
+    uint4 bnext[2];
+    constexpr int CPB = st_qt<T>::QK / 32, BS = st_qt<T>::BS;
+    gmm_load_b(p, x0, nx, 0, bnext);
+    for (int k0 = 0; k0 < p.cols; k0 += ST_GM_BK) {
+        int c = k0 / 32 + akc;
+        gmm_load_a<T>(arow, c, arow_ok && c < nchunk, sa + am * ST_GM_LDS + akc * 32);
+        gmm_store_b(sb, bnext);
+        __syncthreads();
+        if (k0 + ST_GM_BK < p.cols) {
+            gmm_load_b(p, x0, nx, k0 + ST_GM_BK, bnext);
+            int cn = c + 2;
+            if (arow_ok && cn < nchunk) // the chunk's share of its block: headers for the first
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(arow + (size_t)(cn / CPB) * BS + (cn % CPB) * BS / CPB));
+        }
+        gmm_mma(sa, sb, wr, wc, acc);
+        __syncthreads();
+    }
+    gmm_epilogue(p, (float *)smem, wr, wc, acc, r0, x0, nx);
+#endif
+}
+
+// The staged variant (STRATA_GMM_STAGED=1; compiled, not yet run on a GPU). gmm_kernel reads
+// each step's weight chunks from L2 / HBM right before it dequantizes them, so every 64-column
+// step waits out a memory round trip (the L2 prefetch a step ahead only shortens it): at 512
+// rows of the 30B-A3B shape the experts' GEMM ran at ~10% of the bf16 tensor-core rate. Here
+// the raw blocks of all the tile's rows for the next span of columns (one 256-column block of
+// a K-quant or an IQ type, two 32-column blocks of the others) are copied to shared memory with
+// cp.async while the current span is dequantized and multiplied, so dequantizing reads shared
+// memory. Each row's copy starts at the 16-byte boundary at or before its span (cp.async moves
+// 16 aligned bytes; blocks of 34, 210, ... bytes are only 2-byte aligned) and keeps the
+// address's offset within 16 bytes, so unpack sees the alignment it sees in global memory.
+// Same dequantized values, same products in the same order: the same bits as gmm_kernel.
+template <int T> struct gmm_stage {
+    static constexpr int QK = st_qt<T>::QK, BS = st_qt<T>::BS, CPB = QK / 32;
+    static constexpr int SPAN = QK > ST_GM_BK ? QK : ST_GM_BK;   // columns a stage holds
+    static constexpr int NB = SPAN / QK;                        // blocks of a row it holds
+    static constexpr int RS = (NB * BS + 30) / 16 * 16;         // bytes a row: the 16-aligned cover
+    static constexpr int PIECES = RS / 16;
+    static constexpr size_t BYTES = (size_t)ST_GM_BM * RS;      // one stage
+    static constexpr size_t OFF = ST_GM_SMEM_AB;                // after the A and B tiles
+    static constexpr size_t SMEM = OFF + 2 * BYTES > ST_GM_SMEM_C ? OFF + 2 * BYTES : ST_GM_SMEM_C;
+};
+static_assert(ST_GM_SMEM_AB % 16 == 0, "the stages start 16-byte aligned");
+
+template <int T>
+__global__ void __launch_bounds__(ST_GM_THREADS) gmm_staged_kernel(st_gmm_args p) {
+    st_pdl_begin();
+#if __CUDA_ARCH__ >= 800
+    using namespace nvcuda;
+    typedef gmm_stage<T> G;
+    extern __shared__ __align__(128) uint8_t smem_dyn[];
+    __nv_bfloat16 *sa = (__nv_bfloat16 *)smem_dyn;
+    __nv_bfloat16 *sb = sa + ST_GM_BM * ST_GM_LDS;
+    uint8_t *stages = smem_dyn + G::OFF;
+    int mat, x0, nx;
+    gmm_tile(p, mat, x0, nx);
+    int64_t r0 = (int64_t)blockIdx.y * (p.w2 ? ST_GM_BM / 2 : ST_GM_BM);
+    int tid = threadIdx.x, warp = tid >> 5;
+    const int nchunk = p.cols / 32, nst = (p.cols + G::SPAN - 1) / G::SPAN;
+
+    // Stage s of every tile row into buffer s & 1: the blocks holding columns s·SPAN onwards.
+    auto issue = [&](int s) {
+        const int b0 = s * G::SPAN / G::QK, nb = min(G::NB, (p.cols - s * G::SPAN + G::QK - 1) / G::QK);
+        uint8_t *buf = stages + (size_t)(s & 1) * G::BYTES;
+        for (int v = tid; v < ST_GM_BM * G::PIECES; v += ST_GM_THREADS) {
+            int r = v / G::PIECES, j = v % G::PIECES;
+            bool ok;
+            const uint8_t *src = gmm_wrow(p, mat, r0, r, &ok) + (size_t)b0 * G::BS;
+            uintptr_t a = (uintptr_t)src & ~(uintptr_t)15, e = ((uintptr_t)src + (size_t)nb * G::BS + 15) & ~(uintptr_t)15;
+            if (ok && a + 16 * (uintptr_t)j < e) st_cp_async16(buf + r * G::RS + 16 * j, (const void *)(a + 16 * j), true);
+        }
+        st_cp_commit();
+    };
+
+    int am = tid >> 1, akc = tid & 1;
+    bool arow_ok;
+    const uint8_t *arow = gmm_wrow(p, mat, r0, am, &arow_ok);
+    int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
+    gmm_acc acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    uint4 bnext[2];
+    issue(0);
+    gmm_load_b(p, x0, nx, 0, bnext);
+    for (int s = 0; s < nst; s++) {
+        if (s + 1 < nst) {
+            issue(s + 1); // into the buffer stage s - 1 used: read before the last step's barriers
+            st_cp_wait<1>();
+        } else {
+            st_cp_wait<0>();
+        }
+        __syncthreads(); // stage s has landed, every thread's copies
+        const int b0 = s * G::SPAN / G::QK;
+        const uint8_t *src = arow + (size_t)b0 * G::BS; // this row's span in global memory
+        const uint8_t *row = stages + (size_t)(s & 1) * G::BYTES + am * G::RS + ((uintptr_t)src & 15);
+        const int kend = min(p.cols, (s + 1) * G::SPAN);
+        for (int k0 = s * G::SPAN; k0 < kend; k0 += ST_GM_BK) {
+            int c = k0 / 32 + akc;
+            gmm_load_a<T>(row + (size_t)(c / G::CPB - b0) * G::BS, c % G::CPB, arow_ok && c < nchunk,
+                          sa + am * ST_GM_LDS + akc * 32);
+            gmm_store_b(sb, bnext);
+            __syncthreads();
+            if (k0 + ST_GM_BK < p.cols) gmm_load_b(p, x0, nx, k0 + ST_GM_BK, bnext);
+            gmm_mma(sa, sb, wr, wc, acc);
+            __syncthreads();
+        }
+    }
+    gmm_epilogue(p, (float *)smem_dyn, wr, wc, acc, r0, x0, nx);
 #endif
 }

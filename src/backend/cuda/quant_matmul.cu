@@ -1051,8 +1051,17 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
     if (nblocks <= 0) return;
     int bm = g.w2 ? ST_GM_BM / 2 : ST_GM_BM; // weight rows per block (gate+up: 64 of each)
     dim3 grid((unsigned)nblocks, (unsigned)((g.rows + bm - 1) / bm));
+    bool staged = env_on("STRATA_GMM_STAGED"); // (read at each call: prompt chunks only)
     switch (t) {
-#define CASE(T) case T: st_launch(c, gmm_kernel<T>, grid, ST_GM_THREADS, 0, g); break;
+#define CASE(T)                                                                             \
+    case T:                                                                                 \
+        if (staged) {                                                                       \
+            st_allow_smem(c, gmm_staged_kernel<T>, gmm_stage<T>::SMEM);                     \
+            st_launch(c, gmm_staged_kernel<T>, grid, ST_GM_THREADS, gmm_stage<T>::SMEM, g); \
+        } else {                                                                            \
+            st_launch(c, gmm_kernel<T>, grid, ST_GM_THREADS, 0, g);                         \
+        }                                                                                   \
+        break;
         ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
     default: CUQ_FAIL(c, "gmm: weight type %s is not quantized", st_type_name(t)); return;
@@ -1061,6 +1070,8 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
 }
 
 // A/B switches for the prompt paths, read at each call (prompt calls synchronize anyway):
+// STRATA_GMM_STAGED=1 runs the tile GEMM that stages the weights' raw blocks in shared memory
+// a span ahead (gmm_staged_kernel: compiled, not yet run on a GPU);
 // STRATA_CUQ_OLD=1 dequantizes to bf16 and loops cuBLAS per expert (the previous path);
 // STRATA_CUQ_DENSE_MMA=1 sends dense quantized matmuls through the tile GEMM too.
 static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
