@@ -9,13 +9,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
 typedef struct prof_entry {
     char key[96];
     int64_t calls;
-    double ms;
+    double ms;      // GPU time between the events around the op (host gaps inside it included)
+    double host_ms; // the host's time in the op's call (launches, and any wait inside it)
 } prof_entry;
 
 #define PROF_MAX 512
@@ -37,15 +39,23 @@ static bool skipped(const char *key) {
     return false;
 }
 
-static void prof_add(const char *key, double ms) {
+static double host_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void prof_add(const char *key, double ms, double host_ms) {
     int i = 0;
     while (i < n_prof && strcmp(prof[i].key, key)) i++;
     if (i == n_prof) {
         if (n_prof == PROF_MAX) return;
+        prof[n_prof] = prof_entry{}; // (a table printed at a model's close starts again)
         snprintf(prof[n_prof++].key, sizeof prof[0].key, "%s", key);
     }
     prof[i].calls++;
     prof[i].ms += ms;
+    prof[i].host_ms += host_ms;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -454,11 +464,13 @@ static const char *rows_class(int n) { return n == 1 ? "n=1" : n <= ST_CUDA_GRAP
         }                                                                                            \
         cudaStream_t s_ = st_cuda_of(b)->stream;                                                     \
         cudaEventRecord(ev0, s_);                                                                    \
+        double h0_ = host_now_ms();                                                                  \
         call;                                                                                        \
+        double h_ = host_now_ms() - h0_;                                                             \
         cudaEventRecord(ev1, s_);                                                                    \
         float ms_ = 0;                                                                               \
         if (cudaEventSynchronize(ev1) == cudaSuccess && cudaEventElapsedTime(&ms_, ev0, ev1) == cudaSuccess) \
-            prof_add(key, ms_);                                                                      \
+            prof_add(key, ms_, h_);                                                                  \
     } while (0)
 
 static void p_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
@@ -544,11 +556,15 @@ void st_cuda_profile_report(const st_cuda *c) {
     double total = 0;
     for (int i = 0; i < n_prof; i++) total += prof[i].ms;
     qsort(prof, (size_t)n_prof, sizeof prof[0], by_time);
+    // The stream is idle when each op starts (every op is waited for), so an op whose host call
+    // takes about as long as its GPU time kept the GPU waiting on the host (its launches, a
+    // wait inside it), and its GPU time is not its kernels' time.
     fprintf(stderr, "\nGPU time per op (STRATA_CUDA_PROFILE; each op timed alone, graphs off): %.1f ms in all\n", total);
-    fprintf(stderr, "%-48s %9s %11s %9s %6s\n", "op", "calls", "total ms", "us/call", "share");
+    fprintf(stderr, "%-48s %9s %11s %9s %6s %12s\n", "op", "calls", "total ms", "us/call", "share", "host us/call");
     for (int i = 0; i < n_prof; i++)
-        fprintf(stderr, "%-48s %9lld %11.3f %9.2f %5.1f%%\n", prof[i].key, (long long)prof[i].calls, prof[i].ms,
-                1000.0 * prof[i].ms / (double)prof[i].calls, 100.0 * prof[i].ms / total);
+        fprintf(stderr, "%-48s %9lld %11.3f %9.2f %5.1f%% %12.2f\n", prof[i].key, (long long)prof[i].calls, prof[i].ms,
+                1000.0 * prof[i].ms / (double)prof[i].calls, 100.0 * prof[i].ms / total,
+                1000.0 * prof[i].host_ms / (double)prof[i].calls);
     n_prof = 0;
 }
 
