@@ -236,23 +236,18 @@ static bool quick(void) {
 static void test_matmul_mma(void **state) {
     (void)state;
     setenv("STRATA_CUQ_DENSE_MMA", "1", 1);
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        st_type t = ALL_TYPES[ti];
-        if (!st_type_get(t)->quantized) continue;
-        err_stats st = {0, 0, 0};
-        matmul_case(t, 129, 768, &st);
-        if (st_type_get(t)->block <= 32) matmul_case(t, 33, 96, &st);
-        printf("mma %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
-    }
-    // The staged tile GEMM (raw blocks in shared memory a span ahead), every type again.
-    setenv("STRATA_GMM_STAGED", "1", 1);
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        st_type t = ALL_TYPES[ti];
-        if (!st_type_get(t)->quantized) continue;
-        err_stats st = {0, 0, 0};
-        matmul_case(t, 129, 768, &st);
-        if (st_type_get(t)->block <= 32) matmul_case(t, 33, 96, &st);
-        printf("staged %-8s %12.3g %12.3g %12.3f\n", st_type_name(t), st.max_abs, st.max_rel, st.max_ratio);
+    // The tile GEMM, then the staged one (raw blocks in shared memory a span ahead).
+    for (int staged = 0; staged < 2; staged++) {
+        if (staged) setenv("STRATA_GMM_STAGED", "1", 1);
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            st_type t = ALL_TYPES[ti];
+            if (!st_type_get(t)->quantized) continue;
+            err_stats st = {0, 0, 0};
+            matmul_case(t, 129, 768, &st);
+            if (st_type_get(t)->block <= 32) matmul_case(t, 33, 96, &st);
+            printf("%s %-8s %12.3g %12.3g %12.3f\n", staged ? "staged" : "mma", st_type_name(t), st.max_abs, st.max_rel,
+                   st.max_ratio);
+        }
     }
     unsetenv("STRATA_GMM_STAGED");
     unsetenv("STRATA_CUQ_DENSE_MMA");

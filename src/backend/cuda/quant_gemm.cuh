@@ -116,6 +116,13 @@ __device__ __forceinline__ void gmm_store_b(__nv_bfloat16 *sb, const uint4 (&b)[
 #if __CUDA_ARCH__ >= 800
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> gmm_acc;
 
+__device__ __forceinline__ void gmm_zero(gmm_acc (&acc)[2][2]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+
 // One 64-column step of the warp's 32 x 32 piece (rows wr.., columns wc..) from sa and sb.
 __device__ __forceinline__ void gmm_mma(const __nv_bfloat16 *sa, const __nv_bfloat16 *sb, int wr, int wc,
                                         gmm_acc (&acc)[2][2]) {
@@ -188,10 +195,7 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
 
     int wr = (warp & 3) * 32, wc = (warp >> 2) * 32; // the warp's rows (weights) and columns (x rows)
     gmm_acc acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    gmm_zero(acc);
 
     // The next step's B pieces are loaded into registers, and its weight bytes prefetched into
     // L2, while this step multiplies.
@@ -274,10 +278,7 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_staged_kernel(st_gmm_args p
     const uint8_t *arow = gmm_wrow(p, mat, r0, am, &arow_ok);
     int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
     gmm_acc acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    gmm_zero(acc);
 
     uint4 bnext[2];
     issue(0);
