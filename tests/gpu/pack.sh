@@ -20,7 +20,12 @@ if [ ! -f "$B/CMakeCache.txt" ]; then
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_CUDA_ARCHS="${STRATA_CUDA_ARCHS:-90}" \
     -DSTRATA_SHARED_BACKEND=ON >/dev/null
 fi
-cmake --build "$B" -j"$(nproc)"
+# Only the targets named (strata is strata_cli), unless whole groups of tests are asked for.
+targets=()
+if [[ "$WHAT" != *" cuda-tests "* && "$WHAT" != *" cpu-tests "* ]]; then
+  for w in $WHAT; do targets+=(--target "$([ "$w" = strata ] && echo strata_cli || echo "$w")"); done
+fi
+cmake --build "$B" -j"$(nproc)" "${targets[@]}"
 rm -rf gpu-pack && mkdir -p gpu-pack/lib
 [[ "$WHAT" == *" strata "* ]] && cp "$B"/strata gpu-pack/
 [[ "$WHAT" == *" cuda-tests "* ]] && cp "$B"/test_cuda_* gpu-pack/
