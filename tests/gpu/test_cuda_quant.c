@@ -236,9 +236,11 @@ static bool quick(void) {
 static void test_matmul_mma(void **state) {
     (void)state;
     setenv("STRATA_CUQ_DENSE_MMA", "1", 1);
-    // The tile GEMM, then the staged one (raw blocks in shared memory a span ahead).
+    // The tile GEMM (STRATA_GMM_STAGED=0), then the staged one (the default: raw blocks in
+    // shared memory a span ahead).
     for (int staged = 0; staged < 2; staged++) {
-        if (staged) setenv("STRATA_GMM_STAGED", "1", 1);
+        if (staged) unsetenv("STRATA_GMM_STAGED");
+        else setenv("STRATA_GMM_STAGED", "0", 1);
         for (int ti = 0; ti < N_TYPES; ti++) {
             st_type t = ALL_TYPES[ti];
             if (!st_type_get(t)->quantized) continue;
@@ -602,8 +604,8 @@ static void test_moe(void **state) {
         {8, 2, 200, 288, 160, ST_TYPE_Q4_0, ST_TYPE_Q5_0, ST_TYPE_IQ4_NL, 0.05}, // gate and up differ (one activation type on the CPU)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
-    // Prompt chunks through the staged tile GEMM (STRATA_GMM_STAGED=1).
-    setenv("STRATA_GMM_STAGED", "1", 1);
+    // Prompt chunks through the unstaged tile GEMM (STRATA_GMM_STAGED=0; above: the staged one).
+    setenv("STRATA_GMM_STAGED", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (cases[i].n > 16) moe_run(&cases[i]); // (prompt chunks: more rows than a window)
     unsetenv("STRATA_GMM_STAGED");
@@ -933,8 +935,11 @@ static int bench(void) {
                                   ? sizeof(float) * (size_t)151936 * 16
                                   : sizeof(float) * (size_t)nmax * 4096);
     free(x);
-    bench_first_and_prompt(xd, yd);
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    // STRATA_BENCH_MOE=1: the experts' timings only (A/B runs of their switches, read once).
+    const char *mo = getenv("STRATA_BENCH_MOE");
+    bool moe_only = mo && mo[0] == '1';
+    if (!moe_only) bench_first_and_prompt(xd, yd);
+    for (size_t ti = 0; !moe_only && ti < sizeof types / sizeof types[0]; ti++) {
         st_type t = types[ti];
         printf("%-8s", st_type_name(t));
         for (int s = 0; s < 3; s++) {
@@ -960,7 +965,7 @@ static int bench(void) {
     }
 
     // Window sizes and the prompt GEMM on the 4096 x 4096 Q4_K matrix.
-    {
+    if (!moe_only) {
         st_type t = ST_TYPE_Q4_K;
         int64_t rows = 4096, cols = 4096;
         size_t bytes = st_row_bytes(t, cols) * (size_t)rows;
@@ -974,19 +979,18 @@ static int bench(void) {
             double sec = time_op(mm_fn, &m);
             printf("q4_K 4096x4096 n=%-5d %9.1f us %7.0f GB/s %8.1f TFLOPS", ns[i], sec * 1e6, bytes / sec / 1e9,
                    2.0 * ns[i] * rows * cols / sec / 1e12);
+            // Windows: the old kernels; prompts: the tile GEMM unstaged, then staged (its default).
             setenv(ns[i] <= 16 ? "STRATA_CUQ_OLD" : "STRATA_CUQ_DENSE_MMA", "1", 1);
+            if (ns[i] > 16) setenv("STRATA_GMM_STAGED", "0", 1);
             double s2 = time_op(mm_fn, &m);
             unsetenv("STRATA_CUQ_OLD");
-            unsetenv("STRATA_CUQ_DENSE_MMA");
+            unsetenv("STRATA_GMM_STAGED");
             printf("; %s %9.1f us %7.0f GB/s", ns[i] <= 16 ? "old kernels" : "tile GEMM", s2 * 1e6, bytes / s2 / 1e9);
             if (ns[i] > 16) {
-                setenv("STRATA_CUQ_DENSE_MMA", "1", 1);
-                setenv("STRATA_GMM_STAGED", "1", 1);
                 double s3 = time_op(mm_fn, &m);
-                unsetenv("STRATA_GMM_STAGED");
-                unsetenv("STRATA_CUQ_DENSE_MMA");
                 printf("; staged %9.1f us %8.1f TFLOPS", s3 * 1e6, 2.0 * ns[i] * rows * cols / s3 / 1e12);
             }
+            unsetenv("STRATA_CUQ_DENSE_MMA");
             printf("\n");
         }
         dev_free((void *)m.w.data);
@@ -1035,10 +1039,10 @@ static int bench(void) {
                 double s2 = time_op(moe_fn, &a);
                 unsetenv("STRATA_CUQ_OLD");
                 printf("    (previous path, STRATA_CUQ_OLD=1: %9.1f us %7.2f TFLOPS)\n", s2 * 1e6, flops / s2 / 1e12);
-                setenv("STRATA_GMM_STAGED", "1", 1);
+                setenv("STRATA_GMM_STAGED", "0", 1);
                 double s3 = time_op(moe_fn, &a);
                 unsetenv("STRATA_GMM_STAGED");
-                printf("    (staged tile GEMM, STRATA_GMM_STAGED=1: %9.1f us %7.2f TFLOPS)\n", s3 * 1e6, flops / s3 / 1e12);
+                printf("    (unstaged tile GEMM, STRATA_GMM_STAGED=0: %9.1f us %7.2f TFLOPS)\n", s3 * 1e6, flops / s3 / 1e12);
             }
             dev_free((void *)a.ids), dev_free((void *)a.weights), dev_free(xdd), dev_free(ydd);
             free(ids), free(wts);

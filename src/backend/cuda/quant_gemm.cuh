@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
 #endif
 }
 
-// The staged variant (STRATA_GMM_STAGED=1; compiled, not yet run on a GPU). gmm_kernel reads
+// The staged variant (the default; STRATA_GMM_STAGED=0 runs gmm_kernel). gmm_kernel reads
 // each step's weight chunks from L2 / HBM right before it dequantizes them, so every 64-column
 // step waits out a memory round trip (the L2 prefetch a step ahead only shortens it): at 512
 // rows of the 30B-A3B shape the experts' GEMM ran at ~10% of the bf16 tensor-core rate. Here

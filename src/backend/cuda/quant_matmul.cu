@@ -1051,7 +1051,7 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
     if (nblocks <= 0) return;
     int bm = g.w2 ? ST_GM_BM / 2 : ST_GM_BM; // weight rows per block (gate+up: 64 of each)
     dim3 grid((unsigned)nblocks, (unsigned)((g.rows + bm - 1) / bm));
-    bool staged = env_on("STRATA_GMM_STAGED"); // (read at each call: prompt chunks only)
+    bool staged = !env_is_0("STRATA_GMM_STAGED"); // (read at each call: prompt chunks only)
     switch (t) {
 #define CASE(T)                                                                             \
     case T:                                                                                 \
@@ -1070,8 +1070,9 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
 }
 
 // A/B switches for the prompt paths, read at each call (prompt calls synchronize anyway):
-// STRATA_GMM_STAGED=1 runs the tile GEMM that stages the weights' raw blocks in shared memory
-// a span ahead (gmm_staged_kernel: compiled, not yet run on a GPU);
+// STRATA_GMM_STAGED=0 runs the tile GEMM that reads the weights from memory each step
+// (gmm_kernel) instead of the one that stages their raw blocks in shared memory a span ahead
+// (gmm_staged_kernel: the experts' GEMM 8-9% faster, prompts +6% on the 30B-A3B);
 // STRATA_CUQ_OLD=1 dequantizes to bf16 and loops cuBLAS per expert (the previous path);
 // STRATA_CUQ_DENSE_MMA=1 sends dense quantized matmuls through the tile GEMM too.
 static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
@@ -1611,43 +1612,46 @@ __device__ __forceinline__ int moe2_matrix(const st_moe2_args &p, int v) {
 
 // Slot blockIdx.y's expert (*e) and members (s_asg, ascending): the u-th distinct valid expert
 // in order of first appearance, as moe_plan_kernel numbers them. Returns the member count
-// (0: an idle slot, the same for every thread of the block).
+// (0: an idle slot, the same for every thread of the block). Each router id's first assignment
+// comes from an atomicMin in shared memory, then warp 0 counts those leaders 32 assignments a
+// ballot up to slot u's: a few barriers, where comparing every pair of assignments took ~6 us
+// a block at 16 rows (128 assignments) and every block of the window's grid paid it.
+#define ST_MOE2_ROUTE_MAX 1024 // router ids the window kernels look up in shared memory
 __device__ int moe2_members(const st_moe2_args &p, int *s_asg, int *e) {
-    __shared__ int s_sel, s_m, s_e[ST_CUQ_PLAN_MAX], s_lead[ST_CUQ_PLAN_MAX];
+    __shared__ int s_sel, s_m, s_v[ST_CUQ_PLAN_MAX], s_first[ST_MOE2_ROUTE_MAX];
     int tid = threadIdx.x, nt = blockDim.x, na = p.na;
-    for (int a = tid; a < na; a += nt) s_e[a] = moe2_matrix(p, p.ids[a]);
-    if (tid == 0) s_sel = -1;
+    for (int v = tid; v < p.n_route; v += nt) s_first[v] = INT_MAX;
     __syncthreads();
     for (int a = tid; a < na; a += nt) {
-        int v = s_e[a];
-        bool lead = v >= 0;
-        for (int i = 0; i < a && lead; i++) lead = s_e[i] != v;
-        s_lead[a] = lead;
+        int v = p.ids[a];
+        v = moe2_matrix(p, v) >= 0 ? v : -1; // (valid: 0 <= v < n_route)
+        s_v[a] = v;
+        if (v >= 0) atomicMin(&s_first[v], a);
     }
     __syncthreads();
-    for (int a = tid; a < na; a += nt) {
-        if (!s_lead[a]) continue;
-        int rank = 0;
-        for (int i = 0; i < a; i++) rank += s_lead[i];
-        if (rank == (int)blockIdx.y) s_sel = s_e[a];
-    }
-    __syncthreads();
-    int sel = s_sel;
-    if (sel < 0) return 0;
     if (tid < 32) {
-        int cnt = 0;
-        for (int a0 = 0; a0 < na; a0 += 32) {
-            int a = a0 + tid;
-            bool hit = a < na && s_e[a] == sel;
-            unsigned mask = __ballot_sync(0xffffffffu, hit);
-            if (hit) s_asg[cnt + __popc(mask & ((1u << tid) - 1))] = a;
-            cnt += __popc(mask);
+        int u = blockIdx.y, seen = 0, sel = -1;
+        for (int a0 = 0; a0 < na && sel < 0; a0 += 32) {
+            int a = a0 + tid, v = a < na ? s_v[a] : -1;
+            unsigned lead = __ballot_sync(0xffffffffu, v >= 0 && s_first[v] == a);
+            int c = __popc(lead);
+            if (u < seen + c) sel = __shfl_sync(0xffffffffu, v, __fns(lead, 0, u - seen + 1));
+            seen += c;
         }
-        if (tid == 0) s_m = cnt;
+        int cnt = 0;
+        if (sel >= 0)
+            for (int a0 = 0; a0 < na; a0 += 32) {
+                int a = a0 + tid;
+                bool hit = a < na && s_v[a] == sel;
+                unsigned mask = __ballot_sync(0xffffffffu, hit);
+                if (hit) s_asg[cnt + __popc(mask & ((1u << tid) - 1))] = a;
+                cnt += __popc(mask);
+            }
+        if (tid == 0) s_sel = sel >= 0 ? moe2_matrix(p, sel) : -1, s_m = cnt;
     }
     __syncthreads();
-    *e = sel;
-    return s_m;
+    *e = s_sel;
+    return s_sel >= 0 ? s_m : 0;
 }
 
 // One row (n == 1): slot u is assignment u alone (no plan: a row's k experts are distinct, and
@@ -1983,6 +1987,9 @@ template <int T, bool GATE, int P> static bool moe2_cap2(void) {
 }
 
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
+    // Row pairs a warp computes: gate/up pairs, or 2P down rows. Windows keep one: four (and
+    // two at 5-16 rows) measured 11-25% slower on the 30B-A3B shape at 2-16 rows (2026-12-01:
+    // 160-230 registers, one block a multiprocessor).
     constexpr int P1 = 4;
     int W = moe2_warps(GATE, n);
     if constexpr (!GATE)
@@ -2017,6 +2024,9 @@ __global__ void moe_map_kernel(const int32_t *ids, int na, int n_expert, const i
     out[a] = !ok ? -1 : slot_map ? slot_map[e] : e;
 }
 
+// The router's expert count of a moe op (slot_map's length, else the stack's matrices).
+static int moe_route_count(const st_moe_args *a) { return a->slot_map ? a->n_expert : (int)a->gate->n; }
+
 // Whether moe_small2 applies: a window, quantized gate == up types and a quantized down, x
 // 16-byte aligned, the rows in shared memory.
 static bool moe2_fits(const st_moe_args *a) {
@@ -2024,12 +2034,9 @@ static bool moe2_fits(const st_moe_args *a) {
     int64_t d = gate->cols, F = gate->rows;
     return a->n <= ST_CUDA_GRAPH_ROWS && gate->n > 0 && !env_on("STRATA_CUQ_OLD") && gate->type == up->type &&
            !is_float_type(gate->type) && !is_float_type(down->type) && !((uintptr_t)a->x & 15) &&
-           a->n * a->k <= ST_CUQ_PLAN_MAX && d % 32 == 0 && F % 32 == 0 && ST_MOE2_SMEM_MAX / (d + d / 4) >= 1 &&
-           ST_MOE2_SMEM_MAX / (F + F / 4) >= 1;
+           a->n * a->k <= ST_CUQ_PLAN_MAX && (a->n == 1 || moe_route_count(a) <= ST_MOE2_ROUTE_MAX) && d % 32 == 0 &&
+           F % 32 == 0 && ST_MOE2_SMEM_MAX / (d + d / 4) >= 1 && ST_MOE2_SMEM_MAX / (F + F / 4) >= 1;
 }
-
-// The router's expert count of a moe op (slot_map's length, else the stack's matrices).
-static int moe_route_count(const st_moe_args *a) { return a->slot_map ? a->n_expert : (int)a->gate->n; }
 
 // Whether moe_small2's gate/up kernel routes a->logits itself (one row, a router it can rank).
 static bool moe2_routes(const st_moe_args *a) {
