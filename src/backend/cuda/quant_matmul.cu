@@ -995,22 +995,28 @@ static void gemm(st_cuda *c, const void *w, cudaDataType wt, const void *x, cuda
 #define ST_SG_T 64
 #define ST_SG_K 32
 
+// Split K (blockIdx.z: columns [z·kspan, (z+1)·kspan) into y + z·n·m, summed after by
+// sgemm_sum_kernel in split order): the router's 128 rows make only 2 row tiles, so at 512 x rows
+// the grid was 16 blocks, each walking all 64 steps of 32 columns one after another: 182 us
+// a layer, an eighth of the 30B-A3B's prompt 512.
 __global__ void __launch_bounds__(256)
     sgemm_kernel(const float *__restrict__ w, int64_t ldw, const float *__restrict__ x, int64_t m, int64_t n, int64_t k,
-                 float *__restrict__ y) {
+                 int64_t kspan, float *__restrict__ y) {
     st_pdl_begin();
     __shared__ float ws[ST_SG_K][ST_SG_T + 4], xs[ST_SG_K][ST_SG_T + 4]; // [depth][row]: rows contiguous
     int tid = threadIdx.x, tr = tid / 16, tc = tid % 16;
     int64_t r0 = (int64_t)blockIdx.y * ST_SG_T, c0 = (int64_t)blockIdx.x * ST_SG_T;
+    int64_t kb = (int64_t)blockIdx.z * kspan, ke = kb + kspan < k ? kb + kspan : k;
+    y += (size_t)blockIdx.z * n * m;
     float acc[4][4] = {};
-    for (int64_t k0 = 0; k0 < k; k0 += ST_SG_K) {
+    for (int64_t k0 = kb; k0 < ke; k0 += ST_SG_K) {
         // 64 x 32 of each operand: 8 elements a thread, 32 consecutive columns a row (coalesced).
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             int e = tid + 256 * i, row = e / ST_SG_K, kk = e % ST_SG_K;
             int64_t kc = k0 + kk, wr = r0 + row, xr = c0 + row;
-            ws[kk][row] = wr < m && kc < k ? w[wr * ldw + kc] : 0.0f;
-            xs[kk][row] = xr < n && kc < k ? x[xr * k + kc] : 0.0f;
+            ws[kk][row] = wr < m && kc < ke ? w[wr * ldw + kc] : 0.0f;
+            xs[kk][row] = xr < n && kc < ke ? x[xr * k + kc] : 0.0f;
         }
         __syncthreads();
 #pragma unroll 8
@@ -1036,11 +1042,41 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// y = Σ_z part[z] over the splits, in split order (the same sums every run).
+__global__ void sgemm_sum_kernel(const float *__restrict__ part, int splits, int64_t len, float *__restrict__ y) {
+    st_pdl_begin();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    float s = part[i];
+    for (int z = 1; z < splits; z++) s += part[(size_t)z * len + i];
+    y[i] = s;
+}
+
+// Splits of K until the grid has about two blocks a multiprocessor, each at least 4 steps of
+// ST_SG_K columns (at most 16 splits). STRATA_SGEMM_SPLIT=0: one (A/B runs; read at each call).
 static void sgemm(st_cuda *c, const st_mat *w, const float *x, int n, float *y) {
     dim3 grid((unsigned)((n + ST_SG_T - 1) / ST_SG_T), (unsigned)((w->rows + ST_SG_T - 1) / ST_SG_T));
+    int64_t k = w->cols, steps = (k + ST_SG_K - 1) / ST_SG_K, blocks = (int64_t)grid.x * grid.y;
+    int64_t splits = (2 * c->prop.multiProcessorCount + blocks - 1) / blocks;
+    splits = splits < steps / 4 ? splits : steps / 4;
+    splits = splits < 16 ? splits : 16;
+    if (splits < 2 || env_is_0("STRATA_SGEMM_SPLIT")) splits = 1;
+    int64_t kspan = (steps + splits - 1) / splits * ST_SG_K;
+    splits = (k + kspan - 1) / kspan;
+    int64_t len = (int64_t)n * w->rows;
+    float *part = y;
+    if (splits > 1) {
+        part = (float *)st_cuda_scratch(c, ST_SCR_DEQ, sizeof(float) * (size_t)splits * len);
+        if (!part) return;
+    }
+    grid.z = (unsigned)splits;
     st_launch(c, sgemm_kernel, grid, 256, 0, (const float *)w->data, (int64_t)(w->row_bytes / 4), x, w->rows,
-              (int64_t)n, w->cols, y);
+              (int64_t)n, k, kspan, part);
     ST_CU_LAUNCHED(c, "sgemm_kernel");
+    if (splits > 1) {
+        st_launch(c, sgemm_sum_kernel, (unsigned)((len + 255) / 256), 256, 0, (const float *)part, (int)splits, len, y);
+        ST_CU_LAUNCHED(c, "sgemm_sum_kernel");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
