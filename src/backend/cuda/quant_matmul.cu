@@ -1632,6 +1632,9 @@ struct st_moe2_args {
     // it here; the down kernel reads it instead of quantizing h in every block.
     int8_t *hq;
     float2 *hds;
+    // Row tiles a block computes one after another (moe2_tiles): windows share a block's set-up
+    // (its expert and members, their rows quantized into shared memory) among several.
+    int tiles;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1742,30 +1745,27 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                                           bool ready, unsigned ts, float *sh) {
     constexpr int R = 2 * P;             // weight rows per warp
     constexpr int WR = GATE ? P : 2 * P; // output rows per warp
+    const int TT = NX == 1 ? 1 : p.tiles; // row tiles a block computes, one after another
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t r0 = (int64_t)blockIdx.x * (W * WR) + warp * WR;
-    const uint8_t *wr[R];
-    if (GATE) {
-#pragma unroll
-        for (int i = 0; i < P; i++) {
-            int64_t r = r0 + i < p.rows ? r0 + i : 0;
-            wr[2 * i] = p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
-            wr[2 * i + 1] = p.wu + (size_t)e * p.u_mat + (size_t)r * p.u_row_bytes;
+    // Weight row i (of R) of this warp in the block's tile tt; rows past the matrix read row 0.
+    auto row_ptr = [&](int tt, int i) -> const uint8_t * {
+        int64_t r0 = ((int64_t)blockIdx.x * TT + tt) * (W * WR) + warp * WR;
+        if (GATE) {
+            int64_t r = r0 + i / 2 < p.rows ? r0 + i / 2 : 0;
+            return (i & 1) ? p.wu + (size_t)e * p.u_mat + (size_t)r * p.u_row_bytes
+                           : p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
         }
-    } else {
-#pragma unroll
-        for (int i = 0; i < R; i++)
-            wr[i] = p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
-    }
+        return p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
+    };
     int nchunk = p.cols / 32, half = p.cols / 2;
+    // Every tile's rows are asked of L2 at once (lane j: row j % R of tile j / R).
+    const int64_t rb = (int64_t)blockIdx.x * TT * (W * WR) + warp * WR;
     if (cuq_l2_hint) {
-        if (!p.early && r0 < p.rows)
+        if (!p.early && lane < R * TT && rb + (int64_t)(lane / R) * (W * WR) < p.rows)
+            prefetch_l2_bulk(row_ptr(lane / R, lane % R), GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
+    } else if (!p.early && rb < p.rows && lane < nchunk) {
 #pragma unroll
-            for (int i = 0; i < R; i++)
-                if (lane == i) prefetch_l2_bulk(wr[i], GATE && (i & 1) ? p.u_row_bytes : p.g_row_bytes);
-    } else if (!p.early && r0 < p.rows && lane < nchunk) {
-#pragma unroll
-        for (int i = 0; i < R; i++) prefetch_chunk<T>(wr[i], lane);
+        for (int i = 0; i < R; i++) prefetch_chunk<T>(row_ptr(0, i), lane);
     }
     int8_t *sq = (int8_t *)moe2_smem;
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
@@ -1779,44 +1779,51 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             quant_split(p.x, p.cols, s_asg + g0, p.rdiv, gn, p.cols, sq, sds, threadIdx.x, blockDim.x);
             __syncthreads();
         }
-        if (r0 >= p.rows) continue;
-        float acc[R][NX];
+#pragma unroll 1
+        for (int tt = 0; tt < TT; tt++) {
+            int64_t r0 = rb + (int64_t)tt * (W * WR);
+            if (r0 >= p.rows) break;
+            const uint8_t *wr[R];
 #pragma unroll
-        for (int i = 0; i < R; i++)
+            for (int i = 0; i < R; i++) wr[i] = row_ptr(tt, i);
+            float acc[R][NX];
 #pragma unroll
-            for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
-        for (int c = lane; c < nchunk; c += 32) {
-            st_wchunk w[R];
+            for (int i = 0; i < R; i++)
 #pragma unroll
-            for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
+                for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
+            for (int c = lane; c < nchunk; c += 32) {
+                st_wchunk w[R];
 #pragma unroll
-            for (int j = 0; j < NX; j++) {
-                if (j < gn) {
-                    const int8_t *q = xq + (size_t)j * p.cols + c * 16;
-                    int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
-                    float2 ds = xds[(size_t)j * nchunk + c];
+                for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
 #pragma unroll
-                    for (int i = 0; i < R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
+                for (int j = 0; j < NX; j++) {
+                    if (j < gn) {
+                        const int8_t *q = xq + (size_t)j * p.cols + c * 16;
+                        int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
+                        float2 ds = xds[(size_t)j * nchunk + c];
+#pragma unroll
+                        for (int i = 0; i < R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
+                    }
                 }
             }
-        }
-        st_trace_mark(ts, 5); // (block 0: its dot products done)
+            st_trace_mark(ts, 5); // (block 0: its dot products done)
 #pragma unroll
-        for (int j = 0; j < NX; j++) {
-            float s[R];
+            for (int j = 0; j < NX; j++) {
+                float s[R];
 #pragma unroll
-            for (int i = 0; i < R; i++) s[i] = warp_sum_q(acc[i][j]);
-            if (lane == 0 && j < gn) {
-                float *o = p.out + (size_t)s_asg[g0 + j] * p.rows + r0;
+                for (int i = 0; i < R; i++) s[i] = warp_sum_q(acc[i][j]);
+                if (lane == 0 && j < gn) {
+                    float *o = p.out + (size_t)s_asg[g0 + j] * p.rows + r0;
 #pragma unroll
-                for (int i = 0; i < WR; i++) {
-                    if (r0 + i >= p.rows) break;
-                    if (GATE) {
-                        float v = s[2 * i] / (1.0f + expf(-s[2 * i])) * s[2 * i + 1];
-                        o[i] = v;
-                        if (sh) sh[warp * WR + i] = v;
-                    } else {
-                        o[i] = s[i];
+                    for (int i = 0; i < WR; i++) {
+                        if (r0 + i >= p.rows) break;
+                        if (GATE) {
+                            float v = s[2 * i] / (1.0f + expf(-s[2 * i])) * s[2 * i + 1];
+                            o[i] = v;
+                            if (sh) sh[warp * WR + i] = v;
+                        } else {
+                            o[i] = s[i];
+                        }
                     }
                 }
             }
@@ -1932,7 +1939,8 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
         return;
     }
     __threadfence();
-    constexpr int TILE = W * 2 * P, KB = 8; // KB: outputs loaded at once
+    const int TILE = (NX == 1 ? 1 : p.tiles) * W * 2 * P;
+    constexpr int KB = 8; // outputs loaded at once
     int n = p.na / p.k;
     for (int t = threadIdx.x; t < n * TILE; t += blockDim.x) {
         int i = t / TILE;
@@ -2022,6 +2030,20 @@ template <int T, bool GATE, int P> static bool moe2_cap2(void) {
     return cap;
 }
 
+// Row tiles a window's block computes (one row: 1). More rows a warp at once (4 gate/up pairs
+// at 2-4 rows, 2 at 5-16) took 160-230 registers, one block a multiprocessor, and ran 11-25%
+// slower (2026-12-01); tiles one after another keep the registers. STRATA_MOE2_TILES=N (1-16)
+// for A/B runs (read once).
+static int moe2_tiles(int n) {
+    static int t = -1;
+    if (t < 0) {
+        const char *v = getenv("STRATA_MOE2_TILES");
+        t = v ? atoi(v) : 4;
+        t = t < 1 ? 1 : t > 16 ? 16 : t;
+    }
+    return n == 1 ? 1 : t;
+}
+
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
     // Row pairs a warp computes: gate/up pairs, or 2P down rows. Windows keep one: four (and
     // two at 5-16 rows) measured 11-25% slower on the 30B-A3B shape at 2-16 rows (2026-12-01:
@@ -2030,7 +2052,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     int W = moe2_warps(GATE, n);
     if constexpr (!GATE)
         if (W == ST_MOE2_DOWN_WARPS && !moe2_down_fits<T, P1>()) W = ST_MOE2_WARPS;
-    int rows_per_block = W * (GATE ? 1 : 2) * (n == 1 ? P1 : 1);
+    int rows_per_block = W * (GATE ? 1 : 2) * (n == 1 ? P1 : 1) * p.tiles;
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
     if constexpr (!GATE)
@@ -2121,6 +2143,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     p.rdiv = k;
     p.gcap = cap_g < nxt ? cap_g : nxt;
     p.out = h;
+    p.tiles = moe2_tiles(n);
     if (hq) p.hq = (int8_t *)(m + h_b + o_b), p.hds = (float2 *)(m + h_b + o_b + hq_b);
     switch (gate->type) {
 #define CASE(T) case T: moe2_launch<T, true>(c, p, n); break;
@@ -2147,7 +2170,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     q.gcap = cap_d < nxt ? cap_d : nxt;
     q.out = o;
     // The down kernel's last blocks combine (its row tiles: see moe2_launch), else a kernel does.
-    int tile = moe2_warps(false, n) * 2 * (n == 1 ? 4 : 1);
+    int tile = moe2_warps(false, n) * 2 * (n == 1 ? 4 : 1) * p.tiles;
     bool fused = (d + tile - 1) / tile <= ST_MOE2_MAX_TILES;
     if (fused) q.y = a->y, q.wts = a->weights, q.add = a->accumulate, q.gated_o = a->gated_o, q.gated_s = a->gated_s;
     switch (down->type) {
