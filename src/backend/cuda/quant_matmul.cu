@@ -2045,9 +2045,8 @@ static int moe2_tiles(int n) {
 }
 
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
-    // Row pairs a warp computes: gate/up pairs, or 2P down rows. Windows keep one: four (and
-    // two at 5-16 rows) measured 11-25% slower on the 30B-A3B shape at 2-16 rows (2026-12-01:
-    // 160-230 registers, one block a multiprocessor).
+    // Row pairs a warp computes (gate/up pairs, or 2P down rows): four at one row, one in
+    // windows, whose blocks take p.tiles row tiles in turn instead (see moe2_tiles).
     constexpr int P1 = 4;
     int W = moe2_warps(GATE, n);
     if constexpr (!GATE)
