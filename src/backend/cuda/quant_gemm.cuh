@@ -1,14 +1,13 @@
 // backend/cuda: the prompt-chunk GEMM over quantized weights: tiles of weights dequantized to
-// bf16 in shared memory and multiplied with tensor cores (WMMA, sm_80+), many matrices (the
+// bf16 in shared memory and multiplied with tensor cores (mma.sync, sm_80+), many matrices (the
 // used experts) and row groups in one launch. Included by quant_matmul.cu only (the IQ tables).
 #pragma once
-
-#include <mma.h>
 
 #include "backend/cuda/quant_unpack.cuh"
 
 // Block tile: GM_BM weight rows x GM_BN activation rows, GM_BK columns per step (two chunks of
-// 32). 8 warps, each a 32 x 32 piece of the tile as 2 x 2 WMMA 16x16x16 fragments.
+// 32). 8 warps, each a 32 x 32 piece of the tile as 2 x 4 m16n8k16 tensor-core products, their
+// operands read from shared memory with ldmatrix.
 #define ST_GM_BM 128
 #define ST_GM_BN 64
 #define ST_GM_BK 64
@@ -41,6 +40,14 @@ struct st_gmm_args {
 #define ST_GM_SMEM_C (ST_GM_BN * ST_GM_LDC * 4)
 #define ST_GM_SMEM (ST_GM_SMEM_AB > ST_GM_SMEM_C ? ST_GM_SMEM_AB : ST_GM_SMEM_C)
 
+// The float of signed byte k of q ^ 0x80808080 (a chunk word with every byte's sign flipped):
+// the byte, now 0 .. 255, becomes the low mantissa bits of 2^23 and the subtraction leaves the
+// signed value exactly. A byte permute and an add on the full-rate pipes, where a conversion
+// instruction (I2F) runs at a quarter of the rate and was the dequantization's slowest step.
+template <int K> __device__ __forceinline__ float gmm_byte_f(uint32_t flipped) {
+    return __uint_as_float(__byte_perm(flipped, 0x4B000000u, 0x7540u + K)) - 8388736.0f; // 2^23 + 128
+}
+
 // Chunk c of a weight row to 32 bf16 at dst (16-byte aligned); zeros when !ok. The values are
 // dequant.c's floats rounded to bf16, as the old dequantize-then-cuBLAS path had them.
 template <int T>
@@ -52,10 +59,12 @@ __device__ __forceinline__ void gmm_load_a(const uint8_t *row, int c, bool ok, _
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             float s = i < 4 ? w.s0 : w.s1, m = i < 4 ? w.m0 : w.m1;
+            uint32_t f = (uint32_t)w.q[i] ^ 0x80808080u;
+            float q[4] = {gmm_byte_f<0>(f), gmm_byte_f<1>(f), gmm_byte_f<2>(f), gmm_byte_f<3>(f)};
             float v[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                float p = __fmul_rn(s, (float)(int8_t)(w.q[i] >> (8 * k)));
+                float p = __fmul_rn(s, q[k]);
                 v[k] = st_qt<T>::HAS_MIN ? __fadd_rn(p, m) : p;
             }
             __nv_bfloat162 h0 = __floats2bfloat162_rn(v[0], v[1]), h1 = __floats2bfloat162_rn(v[2], v[3]);
@@ -114,45 +123,78 @@ __device__ __forceinline__ void gmm_store_b(__nv_bfloat16 *sb, const uint4 (&b)[
 }
 
 #if __CUDA_ARCH__ >= 800
-typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> gmm_acc;
+// A warp's 32 x 32 piece of the tile: 2 x 4 m16n8 accumulators, in mma.sync's layout (lane l
+// holds rows l / 4 and l / 4 + 8 of each, columns 2 (l % 4) and the one after).
+struct gmm_acc {
+    float c[2][4][4];
+};
 
-__device__ __forceinline__ void gmm_zero(gmm_acc (&acc)[2][2]) {
+__device__ __forceinline__ void gmm_zero(gmm_acc &acc) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc.c[i][j][r] = 0.0f;
 }
 
-// One 64-column step of the warp's 32 x 32 piece (rows wr.., columns wc..) from sa and sb.
-__device__ __forceinline__ void gmm_mma(const __nv_bfloat16 *sa, const __nv_bfloat16 *sb, int wr, int wc,
-                                        gmm_acc (&acc)[2][2]) {
-    using namespace nvcuda;
+// Four 8 x 8 bf16 matrices from shared memory (lanes 8 m .. 8 m + 7 address matrix m's rows).
+__device__ __forceinline__ void gmm_ldsm4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// One 64-column step of the warp's piece (rows wr.., columns wc..) from sa and sb (shared-memory
+// addresses of the tiles): per 16 columns, the A fragments of its two 16-row tiles and the B
+// fragments of its four 8-column tiles, then the eight products. Column tiles at or past nx (the
+// block's activation rows) hold zeros and are skipped: a prompt chunk's experts get ~32 rows
+// each at 512 rows, half a tile.
+__device__ __forceinline__ void gmm_mma(uint32_t sa, uint32_t sb, int wr, int wc, int nx, gmm_acc &acc) {
+    if (wc >= nx) return;
+    const int lane = threadIdx.x & 31;
+    // A (row-major, 16 x 16): lanes 0-15 rows 0-15 at column 0, lanes 16-31 the same at 8.
+    const uint32_t a0 = sa + 2 * ((wr + (lane & 15)) * ST_GM_LDS + (lane >> 4) * 8);
+    // B (activation rows, columns contiguous: column-major for the product), two 8-row tiles
+    // a load: lanes 0-7 rows 0-7 at column 0, 8-15 the same at 8, 16-31 rows 8-15 likewise.
+    const uint32_t b0 = sb + 2 * ((wc + (lane & 7) + ((lane >> 4) << 3)) * ST_GM_LDS + ((lane >> 3) & 1) * 8);
 #pragma unroll
     for (int kk = 0; kk < ST_GM_BK; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+        uint32_t fa[2][4], fb[2][4] = {};
 #pragma unroll
-        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], sa + (wr + 16 * i) * ST_GM_LDS + kk, ST_GM_LDS);
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], sb + (wc + 16 * j) * ST_GM_LDS + kk, ST_GM_LDS);
+        for (int i = 0; i < 2; i++) gmm_ldsm4(a0 + 2 * (16 * i * ST_GM_LDS + kk), fa[i]);
+        gmm_ldsm4(b0 + 2 * kk, fb[0]);
+        if (wc + 16 < nx) gmm_ldsm4(b0 + 2 * (16 * ST_GM_LDS + kk), fb[1]);
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            for (int j = 0; j < 4; j++) {
+                if (wc + 8 * j >= nx) continue;
+                float *d = acc.c[i][j];
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                             "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                             : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j >> 1][2 * (j & 1)]),
+                               "r"(fb[j >> 1][2 * (j & 1) + 1]));
+            }
     }
 }
 
 // The tile staged column-major in sc (output row j's values contiguous), then coalesced stores:
 // y, or with glu h = silu(gate) · up as bf16. sc may alias the A / B tiles (the loop is done).
-__device__ __forceinline__ void gmm_epilogue(const st_gmm_args &p, float *sc, int wr, int wc, gmm_acc (&acc)[2][2],
+__device__ __forceinline__ void gmm_epilogue(const st_gmm_args &p, float *sc, int wr, int wc, const gmm_acc &acc,
                                              int64_t r0, int x0, int nx) {
-    using namespace nvcuda;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(sc + (wc + 16 * j) * ST_GM_LDC + wr + 16 * i, acc[i][j], ST_GM_LDC,
-                                    wmma::mem_col_major);
+        for (int j = 0; j < 4; j++) {
+            int m = wr + 16 * i + g, n = wc + 8 * j + 2 * t;
+            sc[n * ST_GM_LDC + m] = acc.c[i][j][0];
+            sc[(n + 1) * ST_GM_LDC + m] = acc.c[i][j][1];
+            sc[n * ST_GM_LDC + m + 8] = acc.c[i][j][2];
+            sc[(n + 1) * ST_GM_LDC + m + 8] = acc.c[i][j][3];
+        }
     __syncthreads();
     const int tid = threadIdx.x;
     if (p.w2) {
@@ -178,7 +220,6 @@ template <int T>
 __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
     st_pdl_begin();
 #if __CUDA_ARCH__ >= 800
-    using namespace nvcuda;
     __shared__ __align__(128) uint8_t smem[ST_GM_SMEM];
     __nv_bfloat16 *sa = (__nv_bfloat16 *)smem;       // (BM, LDS) weights, row-major
     __nv_bfloat16 *sb = sa + ST_GM_BM * ST_GM_LDS;    // (BN, LDS) activations, row-major
@@ -194,7 +235,8 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
     const uint8_t *arow = gmm_wrow(p, mat, r0, am, &arow_ok);
 
     int wr = (warp & 3) * 32, wc = (warp >> 2) * 32; // the warp's rows (weights) and columns (x rows)
-    gmm_acc acc[2][2];
+    const uint32_t sa_s = (uint32_t)__cvta_generic_to_shared(sa), sb_s = (uint32_t)__cvta_generic_to_shared(sb);
+    gmm_acc acc;
     gmm_zero(acc);
 
     // The next step's B pieces are loaded into registers, and its weight bytes prefetched into
@@ -213,7 +255,7 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
             if (arow_ok && cn < nchunk) // the chunk's share of its block: headers for the first
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(arow + (size_t)(cn / CPB) * BS + (cn % CPB) * BS / CPB));
         }
-        gmm_mma(sa, sb, wr, wc, acc);
+        gmm_mma(sa_s, sb_s, wr, wc, nx, acc);
         __syncthreads();
     }
     gmm_epilogue(p, (float *)smem, wr, wc, acc, r0, x0, nx);
@@ -243,11 +285,15 @@ template <int T> struct gmm_stage {
 };
 static_assert(ST_GM_SMEM_AB % 16 == 0, "the stages start 16-byte aligned");
 
-template <int T>
-__global__ void __launch_bounds__(ST_GM_THREADS) gmm_staged_kernel(st_gmm_args p) {
+// MINB: blocks a multiprocessor the registers must allow. 3 (the default): held to 80 registers
+// (32-40 bytes of stack), three blocks and 24 warps a multiprocessor, where the compiler's own
+// choice of 128 allowed two and the schedulers found no ready warp 37% of the time (ncu, 30B-A3B
+// experts at 512 rows): the experts' GEMM 632 -> 602 us at 512 rows, 1,737 -> 1,661 at 2048
+// (H200, 2026-12-01). STRATA_GMM_OCC=2: the other.
+template <int T, int MINB>
+__global__ void __launch_bounds__(ST_GM_THREADS, MINB) gmm_staged_kernel(st_gmm_args p) {
     st_pdl_begin();
 #if __CUDA_ARCH__ >= 800
-    using namespace nvcuda;
     typedef gmm_stage<T> G;
     extern __shared__ __align__(128) uint8_t smem_dyn[];
     __nv_bfloat16 *sa = (__nv_bfloat16 *)smem_dyn;
@@ -277,7 +323,8 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_staged_kernel(st_gmm_args p
     bool arow_ok;
     const uint8_t *arow = gmm_wrow(p, mat, r0, am, &arow_ok);
     int wr = (warp & 3) * 32, wc = (warp >> 2) * 32;
-    gmm_acc acc[2][2];
+    const uint32_t sa_s = (uint32_t)__cvta_generic_to_shared(sa), sb_s = (uint32_t)__cvta_generic_to_shared(sb);
+    gmm_acc acc;
     gmm_zero(acc);
 
     uint4 bnext[2];
@@ -302,7 +349,7 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_staged_kernel(st_gmm_args p
             gmm_store_b(sb, bnext);
             __syncthreads();
             if (k0 + ST_GM_BK < p.cols) gmm_load_b(p, x0, nx, k0 + ST_GM_BK, bnext);
-            gmm_mma(sa, sb, wr, wc, acc);
+            gmm_mma(sa_s, sb_s, wr, wc, nx, acc);
             __syncthreads();
         }
     }

@@ -1088,12 +1088,17 @@ static void gmm_launch(st_cuda *c, st_type t, const st_gmm_args &g, int nblocks)
     int bm = g.w2 ? ST_GM_BM / 2 : ST_GM_BM; // weight rows per block (gate+up: 64 of each)
     dim3 grid((unsigned)nblocks, (unsigned)((g.rows + bm - 1) / bm));
     bool staged = !env_is_0("STRATA_GMM_STAGED"); // (read at each call: prompt chunks only)
+    const char *occ = getenv("STRATA_GMM_OCC"); // 2: the staged kernel at two blocks a multiprocessor
+    bool occ3 = !(occ && occ[0] == '2');
     switch (t) {
 #define CASE(T)                                                                             \
     case T:                                                                                 \
-        if (staged) {                                                                       \
-            st_allow_smem(c, gmm_staged_kernel<T>, gmm_stage<T>::SMEM);                     \
-            st_launch(c, gmm_staged_kernel<T>, grid, ST_GM_THREADS, gmm_stage<T>::SMEM, g); \
+        if (staged && occ3) {                                                               \
+            st_allow_smem(c, gmm_staged_kernel<T, 3>, gmm_stage<T>::SMEM);                  \
+            st_launch(c, gmm_staged_kernel<T, 3>, grid, ST_GM_THREADS, gmm_stage<T>::SMEM, g); \
+        } else if (staged) {                                                                \
+            st_allow_smem(c, gmm_staged_kernel<T, 2>, gmm_stage<T>::SMEM);                  \
+            st_launch(c, gmm_staged_kernel<T, 2>, grid, ST_GM_THREADS, gmm_stage<T>::SMEM, g); \
         } else {                                                                            \
             st_launch(c, gmm_kernel<T>, grid, ST_GM_THREADS, 0, g);                         \
         }                                                                                   \
