@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -96,6 +98,10 @@ typedef struct attn_params {
     // projection (n rows of H·D in quant_split's layout and arithmetic: the same bits).
     int8_t *oq;
     float2 *ods;
+    // > 1: the splits run in clusters of cs blocks (ns a multiple of it, sm_90+), which merge
+    // their partials through shared memory (attn_cluster_merge); where more than one cluster
+    // holds positions, each cluster's merged partial counts in through L2 as one split did.
+    int cs;
 } attn_params;
 
 // Zero at load; the last block of each (query tile, kv head) puts its counter back to zero, so
@@ -281,7 +287,146 @@ __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, 
     }
 }
 
+// Counts this block in for its (query tile, KV head) once its partials are out: true in the block
+// that brings the count to target (it puts the counter back to zero for the next launch, and
+// reads everyone's partials after its fence); the others have ended their trace and leave.
+__device__ __forceinline__ bool attn_count_in(const attn_params &p, unsigned target, unsigned ts) {
+    __shared__ unsigned s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *ctr = p.counters + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+        unsigned prev = atomicAdd(ctr, 1u);
+        s_last = prev == target - 1;
+        if (s_last) *ctr = 0; // every block of this tile has counted: ready for the next launch
+    }
+    st_trace_mark(ts, 5);
+    __syncthreads();
+    if (!s_last) {
+        st_trace_end();
+        return false;
+    }
+    __threadfence();
+    return true;
+}
+
+// Merges the splits of one query: lane s < ns holds split s's (m, l) in ml, acc_of(s) gives a
+// split's accumulators (EPL values, lane's dims): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s,
+// in the order and arithmetic of the in-kernel combine below (the same bits as it for up to 32
+// splits). Returns M and the sum L; a holds the unnormalized sums.
+template <int EPL, typename F>
+__device__ __forceinline__ float2 attn_merge(float2 ml, int ns, F acc_of, float (&a)[EPL]) {
+    int lane = threadIdx.x & 31;
+    float mx = attn_warp_max(lane < ns ? ml.x : -INFINITY); // finite: split 0 sees position 0
+    float f = lane < ns && ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
+    float ls = lane < ns ? ml.y * f : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+#pragma unroll
+    for (int e = 0; e < EPL; e++) a[e] = 0.0f;
+    for (int s2 = 0; s2 < ns; s2++) {
+        float fs = __shfl_sync(0xffffffffu, f, s2);
+        const float *v = acc_of(s2);
+#pragma unroll
+        for (int e = 0; e < EPL; e++) a[e] += fs * v[e * 32 + lane];
+    }
+    return make_float2(mx, ls);
+}
+
+#if defined(ST_CLUSTERS)
+// The splits of a cluster (p.cs consecutive splits of one query tile and KV head) merge their
+// partials in shared memory: each block writes its queries' (m, l, acc) there; after the
+// cluster's barrier, block r merges queries r, r + cs, ... (a warp a query) over the cluster's
+// splits that hold positions, reading the others' shared memory. When all the positions are in
+// this cluster (every short context), that is the output; else the merged partial counts in
+// through L2 like one split of the counting path, and the last block merges the clusters'.
 template <int EPL, int QPW>
+__device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const float (&m)[QPW], const float (&l)[QPW],
+                                               const float (&acc)[QPW][EPL], int T, unsigned ts) {
+    typedef attn_shape<EPL, QPW> S;
+    constexpr int D = S::D, QB = S::QB, PS = D + 2; // a query's partial: m, l, acc
+    static_assert(QB * PS <= S::TK * S::KST + S::TK * S::D + QB * D, "partials fit the tiles' shared memory");
+    extern __shared__ float4 sm4[];
+    float *ps = (float *)sm4;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB, split = blockIdx.y;
+    const int cs = p.cs, rank = split % cs, c0 = split - rank; // the cluster's first split
+    __syncthreads(); // every warp is done with the tiles
+#pragma unroll
+    for (int jj = 0; jj < QPW; jj++) {
+        float lsum = l[jj];
+        for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+        float *pp = ps + (w * QPW + jj) * PS;
+        if (lane == 0) pp[0] = m[jj], pp[1] = lsum;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
+    }
+    st_cluster_sync(); // the cluster's partials
+    st_trace_mark(ts, 4);
+    const int act = attn_active_splits(T, p.ns, p.min_chunk);
+    const int here = min(cs, act - c0); // this cluster's splits with positions (>= 1)
+    const bool whole = act <= cs;       // all of them: the merge is the output
+    const int nc = (act + cs - 1) / cs; // clusters with positions
+    for (int ql = rank + cs * w; ql < QB; ql += cs * ATTN_WARPS) {
+        int qi = qbase + ql;
+        if (qi >= p.nq) break;
+        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G; // (row, head)
+        float2 ml = make_float2(-INFINITY, 0.0f);
+        if (lane < here) ml = *(const float2 *)st_cluster_peer(ps + ql * PS, (unsigned)lane);
+        float a[EPL];
+        float2 ML = attn_merge<EPL>(ml, here, [&](int s2) { return st_cluster_peer(ps + ql * PS + 2, (unsigned)s2); }, a);
+        if (whole) {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
+            attn_store_out<EPL>(p, rh, a, lane);
+        } else {
+            float *pp = p.part + ((size_t)(c0 / cs) * p.n * p.H + rh) * PS;
+            if (lane == 0) pp[0] = ML.x, pp[1] = ML.y;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = a[e];
+        }
+    }
+    st_cluster_sync(); // the others are done reading this block's partials
+    if (whole) {
+        st_trace_end();
+        return;
+    }
+    // Several clusters: count in (every block of the clusters with positions); the last merges
+    // the clusters' partials.
+    if (!attn_count_in(p, (unsigned)(nc * cs), ts)) return;
+    const size_t ss = (size_t)p.n * p.H * PS; // from one cluster's partials to the next
+    for (int ql = w; ql < QB; ql += ATTN_WARPS) {
+        int qi = qbase + ql;
+        if (qi >= p.nq) break;
+        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+        const float *base = p.part + rh * PS;
+        float2 ml = lane < nc ? __ldcg((const float2 *)(base + lane * ss)) : make_float2(-INFINITY, 0.0f);
+        float a[EPL];
+        float2 ML = attn_merge<EPL>(ml, nc, [&](int s2) { return base + s2 * ss + 2; }, a); // (nc <= 32)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
+        attn_store_out<EPL>(p, rh, a, lane);
+    }
+    st_trace_end();
+}
+#endif
+
+// The cluster kernel's merge (sm_90+): true when it ran; the counting kernel goes on to its own.
+template <int EPL, int QPW, bool CL>
+__device__ __forceinline__ bool attn_merge_in_cluster(const attn_params &p, const float (&m)[QPW],
+                                                      const float (&l)[QPW], const float (&acc)[QPW][EPL], int T,
+                                                      unsigned ts) {
+#if defined(ST_CLUSTERS)
+    if constexpr (CL) {
+        attn_cluster_merge<EPL, QPW>(p, m, l, acc, T, ts);
+        return true;
+    }
+#endif
+    (void)p, (void)m, (void)l, (void)acc, (void)T, (void)ts;
+    return false;
+}
+
+// CL: the splits run in clusters (p.cs > 1; a kernel of its own, so that the counting path's
+// registers stay as they were).
+template <int EPL, int QPW, bool CL>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     typedef attn_shape<EPL, QPW> S;
     constexpr int D = S::D, TK = S::TK, HALF = S::HALF, KST = S::KST, QB = S::QB;
@@ -304,8 +449,11 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         int chunk = (T + p.ns - 1) / p.ns;
         chunk = (chunk + p.min_chunk - 1) / p.min_chunk * p.min_chunk;
         t_begin = split * chunk;
-        if (t_begin >= T) return; // past the context: the combine does not read this split
-        t_end = min(t_end, t_begin + chunk);
+        // Past the context: the combine does not read this split. In a cluster only a cluster
+        // that holds no position leaves (all its blocks alike); the others' idle blocks stay for
+        // its barriers, with no positions.
+        if (CL ? split / p.cs * p.cs * chunk >= T : t_begin >= T) return;
+        t_end = t_begin >= T ? t_begin : min(t_end, t_begin + chunk);
     }
     const int half = p.n_rot / 2;
     float *Kn = Ps + QB * TK;      // fused norms: (n, D) this head's new k rows, normalized and rotated
@@ -459,6 +607,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         __syncwarp(); // Ps is rewritten by the next tile
     }
     st_trace_mark(ts, 3);
+    if (attn_merge_in_cluster<EPL, QPW, CL>(p, m, l, acc, T, ts)) return;
 
 #pragma unroll
     for (int jj = 0; jj < QPW; jj++) {
@@ -488,23 +637,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     // Last block combines. Each block publishes its partials (fence), then counts itself in; the
     // one that brings the count to the number of active splits reads everyone's partials from L2
     // and writes this query tile's outputs: out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s.
-    __shared__ unsigned s_last;
     const int act = attn_active_splits(T, p.ns, p.min_chunk); // the splits that get here (<= 256)
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        unsigned *ctr = p.counters + (size_t)hk * gridDim.x + blockIdx.x;
-        unsigned prev = atomicAdd(ctr, 1u);
-        s_last = prev == (unsigned)(act - 1);
-        if (s_last) *ctr = 0; // every block of this tile has counted: ready for the next launch
-    }
-    st_trace_mark(ts, 5);
-    __syncthreads();
-    if (!s_last) {
-        st_trace_end();
-        return;
-    }
-    __threadfence();
+    if (!attn_count_in(p, (unsigned)act, ts)) return;
     static_assert(S::smem >= sizeof(float) * ATTN_WARPS * 256, "combine weights: 256 splits per warp");
     float *fw = (float *)sm4 + w * 256; // e^{m_s − M} of this warp's query (the tiles are done with)
     const size_t ss = (size_t)p.n * p.H * (D + 2); // from one split's partials to the next
@@ -601,6 +735,37 @@ attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const 
     }
 }
 
+// The in-kernel combine in clusters of up to 8 splits, where the GPU runs them (sm_90+) and for
+// the models' head sizes (64, 128, 256; the others keep the counting path, and their cluster
+// kernels are never built): *ns rounded down to a multiple of the size returned (so the grid
+// still fits the GPU at once), at most 32 clusters; 1: no clusters.
+#define ATTN_CLUSTER_EPL(EPL) ((EPL) == 2 || (EPL) == 4 || (EPL) == 8)
+template <int EPL, int QPW>
+static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *c, int qt, int *ns, int n_head_kv,
+                                                                      size_t smem) {
+    int cs = *ns < 8 ? *ns : 8, nsc = *ns / cs * cs;
+    st_allow_smem(c, attn_kernel<EPL, QPW, true>, smem);
+    if (nsc > 256 || !st_cluster_fits(c, attn_kernel<EPL, QPW, true>, cs,
+                                      dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
+        return 1;
+    *ns = nsc;
+    return cs;
+}
+template <int EPL, int QPW>
+static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *, int, int *, int, size_t) {
+    return 1;
+}
+template <int EPL, int QPW>
+static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), bool> attn_launch_clusters(st_cuda *c, attn_params *p, dim3 grid,
+                                                                          size_t smem) {
+    st_launch_cluster(c, p->cs, attn_kernel<EPL, QPW, true>, grid, ATTN_WARPS * 32, smem, *p);
+    return true;
+}
+template <int EPL, int QPW>
+static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), bool> attn_launch_clusters(st_cuda *, attn_params *, dim3, size_t) {
+    return false;
+}
+
 template <int EPL, int QPW>
 static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     typedef attn_shape<EPL, QPW> S;
@@ -613,7 +778,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     // At most what fits the GPU at once (blocks past it would start only when the first leave,
     // and the next kernel's blocks could not start early).
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_kernel<EPL, QPW>, ATTN_WARPS * 32, smem) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_kernel<EPL, QPW, false>, ATTN_WARPS * 32, smem) !=
+        cudaSuccess)
         cudaGetLastError(), per_sm = 1;
     per_sm = per_sm < 4 ? (per_sm < 1 ? 1 : per_sm) : 4;
     int ns = (per_sm * sms + base - 1) / base;
@@ -625,16 +791,18 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     ns = ns < useful ? ns : useful;
     ns = ns < 256 ? ns : 256;
     ns = ns < 1 ? 1 : ns;
+    if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
+    p->cs = ns > 1 && p->counters ? attn_cluster_size<EPL, QPW>(c, qt, &ns, n_head_kv, smem) : 1;
+    if (p->cs == 1) st_allow_smem(c, attn_kernel<EPL, QPW, false>, smem);
     p->ns = ns;
     if (ns > 1) {
         size_t bytes = sizeof(float) * (size_t)ns * p->n * p->H * (S::D + 2);
         p->part = (float *)st_cuda_scratch(c, ST_SCR_ATTN, bytes);
         if (!p->part) return; // the error is kept
     }
-    if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
-    st_allow_smem(c, attn_kernel<EPL, QPW>, smem);
     dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
-    st_launch(c, attn_kernel<EPL, QPW>, grid, ATTN_WARPS * 32, smem, *p);
+    if (p->cs == 1 || !attn_launch_clusters<EPL, QPW>(c, p, grid, smem))
+        st_launch(c, attn_kernel<EPL, QPW, false>, grid, ATTN_WARPS * 32, smem, *p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1 && !p->counters) {
         st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, S::D,

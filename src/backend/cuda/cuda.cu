@@ -2,6 +2,7 @@
 // scratch buffers, and CUDA graphs of decode windows. The kernels live in the other .cu files.
 
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -160,6 +161,37 @@ static void cuda_wait_copies(st_backend *b) {
 static bool env_is(const char *name, const char *value) {
     const char *v = getenv(name);
     return v && !strcmp(v, value);
+}
+
+// STRATA_CLUSTER=1: the combines run in clusters (st_cluster_fits). Off by default until the
+// path has run on a GPU (it was written in a session without one); read once.
+bool st_cluster_on(void) {
+    static int on = -1;
+    if (on < 0) on = env_is("STRATA_CLUSTER", "1");
+    return on == 1;
+}
+
+int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int fits) {
+    static struct {
+        int device, cluster_y, fits;
+        const void *k;
+        unsigned block;
+        size_t smem;
+    } seen[256];
+    static int n_seen;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; // (one thread a device)
+    pthread_mutex_lock(&lock);
+    int r = fits;
+    for (int i = 0; i < n_seen && r < 0; i++)
+        if (seen[i].device == device && seen[i].k == k && seen[i].cluster_y == cluster_y && seen[i].block == block &&
+            seen[i].smem == smem)
+            r = seen[i].fits;
+    if (fits >= 0 && n_seen < 256) {
+        seen[n_seen].device = device, seen[n_seen].k = k, seen[n_seen].cluster_y = cluster_y;
+        seen[n_seen].block = block, seen[n_seen].smem = smem, seen[n_seen++].fits = fits;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
 }
 
 // The hybrid hand-off. The slot is mapped host memory (with unified addressing its host

@@ -541,26 +541,95 @@ template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(
 template <typename T> static inline T st_arg(T v) { return v; }
 // st_launch_on: on stream s, with programmatic dependent launch when pdl (the side stream's
 // kernels follow an event, not a kernel, and take none).
-template <typename... P, typename... A>
-static inline void st_launch_on(st_cuda *c, cudaStream_t s, bool pdl, void (*k)(P...), dim3 grid, dim3 block,
-                                size_t smem, A... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+// A launch's configuration: with programmatic dependent launch when pdl, and in clusters of
+// cluster_y blocks along y when cluster_y > 1 (st_cluster_fits).
+static inline cudaLaunchConfig_t st_launch_cfg(cudaStream_t s, bool pdl, int cluster_y, dim3 grid, dim3 block,
+                                               size_t smem, cudaLaunchAttribute *attr) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    if (pdl) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_y > 1) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[cfg.numAttrs].val.clusterDim.x = 1;
+        attr[cfg.numAttrs].val.clusterDim.y = (unsigned)cluster_y;
+        attr[cfg.numAttrs++].val.clusterDim.z = 1;
+    }
+    return cfg;
+}
+template <typename... P, typename... A>
+static inline void st_launch_ex(st_cuda *c, cudaStream_t s, bool pdl, int cluster_y, void (*k)(P...), dim3 grid,
+                                dim3 block, size_t smem, A... args) {
+    cudaLaunchAttribute attr[2];
+    cudaLaunchConfig_t cfg = st_launch_cfg(s, pdl, cluster_y, grid, block, smem, attr);
     ST_CU(c, cudaLaunchKernelEx(&cfg, k, st_arg<P>(args)...));
     if (c->trace && s == c->stream) st_cuda_trace_launch(c, (const void *)k, grid, block, smem);
+}
+template <typename... P, typename... A>
+static inline void st_launch_on(st_cuda *c, cudaStream_t s, bool pdl, void (*k)(P...), dim3 grid, dim3 block,
+                                size_t smem, A... args) {
+    st_launch_ex(c, s, pdl, 1, k, grid, block, smem, args...);
 }
 template <typename... P, typename... A>
 static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
     st_launch_on(c, c->stream, c->pdl, k, grid, block, smem, args...);
 }
+// st_launch in clusters of cluster_y blocks along y (grid.y a multiple of it; st_cluster_fits).
+template <typename... P, typename... A>
+static inline void st_launch_cluster(st_cuda *c, int cluster_y, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                     A... args) {
+    st_launch_ex(c, c->stream, c->pdl, cluster_y, k, grid, block, smem, args...);
+}
+
+// Thread block clusters (sm_90 and newer): the blocks of a cluster are resident together and
+// read each other's shared memory. Where several blocks' partial results are summed (decode
+// attention's context splits, the experts' k slots of a row tile), a cluster's barrier and
+// reads from its blocks' shared memory replace publishing to L2 with fences, counting in with
+// an atomic and reading back by the last block. Whether kernel k can run in clusters of
+// cluster_y blocks along y of this grid (sizes over 8 need the non-portable opt-in, allowed up
+// to 16 on Hopper; false where the GPU cannot hold one such cluster, and unless
+// STRATA_CLUSTER=1: the path was written in a session without a GPU, so it is opt-in until one
+// has measured it against the counting path).
+bool st_cluster_on(void);
+// The answer for (device, kernel, cluster size, block, shared memory), asked of the runtime once
+// (windows that run eagerly launch these kernels every step). -1: not asked yet.
+int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int fits);
+template <typename... P>
+static inline bool st_cluster_fits(st_cuda *c, void (*k)(P...), int cluster_y, dim3 grid, dim3 block, size_t smem) {
+    if (c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y || !st_cluster_on()) return false;
+    unsigned threads = block.x * block.y * block.z;
+    int known = st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, -1);
+    if (known >= 0) return known == 1;
+    int n = 0;
+    if (cluster_y > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+        cudaGetLastError();
+    } else {
+        cudaLaunchAttribute attr[2];
+        cudaLaunchConfig_t cfg = st_launch_cfg(c->stream, false, cluster_y, grid, block, smem, attr);
+        if (cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg) != cudaSuccess) cudaGetLastError(), n = 0;
+    }
+    st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, n > 0);
+    return n > 0;
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ST_CLUSTERS 1
+// The cluster's barrier: every thread of every block arrives (its shared-memory writes
+// released) and waits (the others' acquired). Also a barrier of this block's threads.
+__device__ __forceinline__ void st_cluster_sync() {
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
+}
+// p (this block's shared memory) in block `rank` of the cluster: a generic address to load from.
+template <typename T> __device__ __forceinline__ const T *st_cluster_peer(const T *p, unsigned rank) {
+    return (const T *)__cluster_map_shared_rank((const void *)p, rank);
+}
+#endif
 
 // A scratch buffer of at least `bytes` (contents undefined). Grows outside graph recording
 // only; a window's first run is never recorded, so recordings see buffers already grown.

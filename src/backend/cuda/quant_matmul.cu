@@ -1640,6 +1640,10 @@ struct st_moe2_args {
     // Row tiles a block computes one after another (moe2_tiles): windows share a block's set-up
     // (its expert and members, their rows quantized into shared memory) among several.
     int tiles;
+    // Down of one row with y: the k blocks of a row tile run as a cluster (st_cluster_fits), keep
+    // their outputs in shared memory and sum them there (moe2_cluster_combine), instead of
+    // counting in and the last block reading the outputs back from L2.
+    bool cluster;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1826,6 +1830,8 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                             float v = s[2 * i] / (1.0f + expf(-s[2 * i])) * s[2 * i + 1];
                             o[i] = v;
                             if (sh) sh[warp * WR + i] = v;
+                        } else if (sh) {
+                            sh[warp * WR + i] = s[i]; // (the cluster's combine reads them there)
                         } else {
                             o[i] = s[i];
                         }
@@ -1854,6 +1860,43 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
     __syncthreads();
     return s_sel;
 }
+
+// The one-row down kernel's combine in a cluster of its row tile's k blocks (rank = slot =
+// blockIdx.y): each block's outputs of the tile (ROWS) are in its s_o. Block u sums rows u, u + k,
+// ... over the valid slots in slot order, with moe_combine_kernel's arithmetic (the same bits
+// as the counting path), reading the others' s_o; a second barrier keeps every block's s_o
+// alive until the others have read it.
+#if defined(ST_CLUSTERS)
+template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, const float *s_o) {
+    __shared__ float s_cw[16];
+    __shared__ unsigned char s_ok[16];
+    const int k = p.k, t = threadIdx.x, j = blockIdx.y + t * k; // (k <= 16: st_cluster_fits)
+    const int64_t r = (int64_t)blockIdx.x * ROWS + j;
+    const bool mine = j < ROWS && r < p.rows;
+    float y0 = 0.0f, go = 0.0f, gs = 0.0f; // (these loads fly across the barrier)
+    if (mine && p.add) y0 = p.y[r];
+    if (mine && p.gated_o) go = p.gated_o[r], gs = p.gated_s[0];
+    if (t >= 32 && t - 32 < k) {
+        bool ok = moe2_matrix(p, p.ids[t - 32]) >= 0;
+        s_ok[t - 32] = ok;
+        s_cw[t - 32] = ok ? p.wts[t - 32] : 0.0f;
+    }
+    st_cluster_sync(); // every slot's outputs (and s_ok, s_cw here)
+    if (mine) {
+        float v[16];
+#pragma unroll
+        for (int a = 0; a < 16; a++) v[a] = a < k && s_ok[a] ? *st_cluster_peer(s_o + j, (unsigned)a) : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int a = 0; a < 16; a++)
+            if (a < k && s_ok[a]) acc += s_cw[a] * v[a];
+        float out = p.add ? y0 + acc : acc;
+        if (p.gated_o) out += sigmoidf_(gs) * go;
+        p.y[r] = out;
+    }
+    st_cluster_sync(); // the others are done reading s_o
+}
+#endif
 
 // The body of both kernels below (W warps a block).
 template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
@@ -1898,8 +1941,11 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
     // One row's gate/up: the tile's outputs (one chunk, W * P == 32 rows) quantized
     // by warp 0 for the down kernel.
     constexpr bool HQ = GATE && NX == 1 && W * P == 32;
-    __shared__ __align__(16) float s_h[HQ ? 32 : 1];
-    if (m > 0) moe2_rows<T, NX, GATE, P, W>(p, e, m, s_asg, moe2_smem, NX == 1, ts, HQ && p.hq ? s_h : NULL);
+    // One row's down in a cluster: the tile's outputs stay in shared memory.
+    constexpr bool CL = !GATE && NX == 1;
+    __shared__ __align__(16) float s_h[HQ ? 32 : CL ? W * 2 * P : 1];
+    float *sh = HQ && p.hq ? s_h : CL && p.cluster ? s_h : NULL;
+    if (m > 0) moe2_rows<T, NX, GATE, P, W>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh);
     st_trace_mark(ts, 6);
     if (HQ && p.hq && m > 0) {
         __syncthreads();
@@ -1914,6 +1960,14 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
         st_trace_end();
         return;
     }
+#if defined(ST_CLUSTERS)
+    if (CL && p.cluster) {
+        moe2_cluster_combine<W * 2 * P>(p, s_h);
+        st_trace_mark(ts, 7);
+        st_trace_end();
+        return;
+    }
+#endif
 
     // Last block of the row tile combines: y[i][r] = Σ_j wts[i k + j] · out[i k + j][r] over the
     // valid assignments, in the order moe_combine_kernel sums them. Every block of the tile
@@ -2059,6 +2113,17 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     int rows_per_block = W * (GATE ? 1 : 2) * (n == 1 ? P1 : 1) * p.tiles;
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
+    if constexpr (!GATE)
+        if (n == 1 && p.y) { // the combine in clusters of the k slots where they fit
+            auto k = W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1>
+                   : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
+            st_moe2_args q = p;
+            q.cluster = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
+            if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
+            else st_launch(c, k, grid, 32 * W, smem, q);
+            ST_CU_LAUNCHED(c, "moe2_kernel");
+            return;
+        }
     if constexpr (!GATE)
         if (W == ST_MOE2_DOWN_WARPS) {
             st_launch(c, moe2_down4_kernel<T, P1>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
