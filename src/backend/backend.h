@@ -99,6 +99,30 @@ typedef struct st_conv_args {
     int n, channels, kernel;
 } st_conv_args;
 
+// The Gated DeltaNet mixer between its input products and its output product, over n rows
+// (REFERENCE.md §3.3): u = conv(qkv) + SiLU (conv_state updated); q and k, u's first two groups
+// of h_k heads of d, l2-normalized (q also scaled by 1/sqrt(d)), v its h_v heads after them;
+// beta and g from ba (gdn_gates); o = the delta rule (state updated); out = rmsnorm(o) · norm_w
+// ⊙ silu(z) per value head. The values of conv, copy_cols, l2norm, gdn_gates, gdn (or
+// gdn_chunked from gdn_chunked_from rows) and rmsnorm_silu in that order (st_deltanet_ops); a
+// device may run a decode window as one kernel.
+typedef struct st_deltanet_args {
+    const float *qkv;             // (n, conv_dim) raw rows, conv_dim = 2 h_k d + h_v d
+    const float *conv_w;          // (conv_dim, kernel)
+    float *conv_state;            // (kernel - 1, conv_dim)
+    const float *ba;              // (n, h_k, [b (r), a (r)]), r = h_v / h_k
+    const float *ssm_a, *dt_bias; // (h_v)
+    const float *z;               // (n, h_v d) the output gate
+    const float *norm_w;          // (d)
+    float *state;                 // (h_v, d, d) as st_gdn_args
+    float *out;                   // (n, h_v d)
+    // Work buffers of the ops one after another (backend memory): u (n, conv_dim), q and k
+    // (n, h_k d), v (n, h_v d), beta and g (n, h_v).
+    float *u, *q, *k, *v, *beta, *g;
+    int n, h_k, h_v, d, kernel;
+    float eps;
+} st_deltanet_args;
+
 // The routed experts of one layer (the experts module computes host-placed experts on the CPU
 // pool; a backend whose memory holds the experts computes them with its moe op).
 typedef struct st_moe_args {
@@ -228,7 +252,9 @@ typedef struct st_backend_ops {
     // the same outputs and final state up to float rounding.
     void (*gdn)(st_backend *b, const st_gdn_args *a);
     void (*gdn_chunked)(st_backend *b, const st_gdn_args *a);
-    int gdn_chunked_from; // rows from which the forward calls gdn_chunked (measured); 0: never
+    int gdn_chunked_from; // rows from which st_deltanet_ops calls gdn_chunked (measured); 0: never
+    // The DeltaNet mixer (st_deltanet_args); st_deltanet_ops on the CPU.
+    void (*deltanet)(st_backend *b, const st_deltanet_args *a);
     // y (n) += x (n)
     void (*add)(st_backend *b, float *y, const float *x, int64_t n);
     // y (n) = silu(gate) · up
@@ -306,6 +332,10 @@ void st_backend_free(st_backend *b);
 
 // The router's math on host memory (the CPU backend's moe_route).
 void st_moe_route(const float *logits, int n, int n_expert, int k, int32_t *ids, float *weights);
+
+// The DeltaNet mixer as the ops it is made of, on backend b (the CPU's deltanet op, and a
+// device's where it does not run one kernel).
+void st_deltanet_ops(st_backend *b, const st_deltanet_args *a);
 
 // ---------------------------------------------------------------------------------------------
 // CUDA (cuda/). Built when nvcc is found; without it st_cuda_available() is false and the

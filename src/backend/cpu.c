@@ -503,6 +503,25 @@ static void cpu_gdn_gates(st_backend *b, const float *ba, const float *ssm_a, co
     }
 }
 
+void st_deltanet_ops(st_backend *b, const st_deltanet_args *a) {
+    const st_backend_ops *ops = b->ops;
+    int n = a->n, d = a->d, hk = a->h_k, hv = a->h_v, kd = hk * d, vd = hv * d, cd = 2 * kd + vd;
+    st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = n, .channels = cd,
+                       .kernel = a->kernel};
+    ops->conv(b, &ca);
+    ops->copy_cols(b, a->u, cd, 0, a->q, kd, 0, n, kd);
+    ops->copy_cols(b, a->u, cd, kd, a->k, kd, 0, n, kd);
+    ops->copy_cols(b, a->u, cd, 2 * kd, a->v, vd, 0, n, vd);
+    ops->l2norm(b, a->q, n * hk, d, a->eps, 1.0f / sqrtf((float)d));
+    ops->l2norm(b, a->k, n * hk, d, a->eps, 1.0f);
+    ops->gdn_gates(b, a->ba, a->ssm_a, a->dt_bias, a->beta, a->g, n, hk, hv);
+    st_gdn_args ga = {.q = a->q, .k = a->k, .v = a->v, .beta = a->beta, .g = a->g, .state = a->state, .out = a->out,
+                      .n = n, .h_k = hk, .h_v = hv, .d = d};
+    bool chunked = ops->gdn_chunked_from > 0 && n >= ops->gdn_chunked_from; // prompt chunks, where it pays
+    (chunked ? ops->gdn_chunked : ops->gdn)(b, &ga);
+    ops->rmsnorm_silu(b, a->out, a->norm_w, a->z, a->out, n * hv, d, a->eps);
+}
+
 static void cpu_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int heads,
                             int a, int bdim) {
     (void)b;
@@ -646,6 +665,7 @@ static const st_backend_ops cpu_ops = {
     // q8_0/q4_K tiny-next's logits by 1.1% of the largest and flipped 1 top-1 of 70 at a
     // near-tie, --batch 512 against --batch 1.)
     .gdn_chunked_from = 0,
+    .deltanet = st_deltanet_ops,
     .add = cpu_add,
     .swiglu = cpu_swiglu,
     .mul_sigmoid = cpu_mul_sigmoid,

@@ -295,21 +295,13 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n, bool add) {
             OP(copy_cols, s->big, cd + vd, src + 2 * d + r * d, z, vd, (int64_t)g * r * d, n, r * d);
         }
     }
-    st_conv_args ca = {.x = s->qkv, .w = l->conv, .state = s->conv[il], .y = u, .n = n,
-                       .channels = cd, .kernel = hp->ssm_kernel};
-    OP(conv, &ca);
-    OP(copy_cols, u, cd, 0, s->qh, kd, 0, n, kd);
-    OP(copy_cols, u, cd, kd, s->k, kd, 0, n, kd);
-    OP(copy_cols, u, cd, 2 * kd, s->v, vd, 0, n, vd);
-    OP(l2norm, s->qh, n * hk, d, hp->eps, 1.0f / sqrtf((float)d));
-    OP(l2norm, s->k, n * hk, d, hp->eps, 1.0f);
-    OP(gdn_gates, s->ba, l->ssm_a, l->dt_bias, s->beta, s->g, n, hk, hv);
-    st_gdn_args ga = {.q = s->qh, .k = s->k, .v = s->v, .beta = s->beta, .g = s->g,
-                      .state = s->ssm[il], .out = s->att, .n = n, .h_k = hk, .h_v = hv, .d = d};
-    const st_backend_ops *ops = s->b->ops; // prompt chunks in the chunked form where it pays
-    bool chunked = ops->gdn_chunked_from > 0 && n >= ops->gdn_chunked_from;
-    (chunked ? ops->gdn_chunked : ops->gdn)(s->b, &ga);
-    OP(rmsnorm_silu, s->att, l->ssm_norm, z, s->att, n * hv, d, hp->eps);
+    // conv + SiLU, q and k l2-normed, the gates, the delta rule, the gated norm
+    st_deltanet_args da = {.qkv = s->qkv, .conv_w = l->conv, .conv_state = s->conv[il], .ba = s->ba,
+                           .ssm_a = l->ssm_a, .dt_bias = l->dt_bias, .z = z, .norm_w = l->ssm_norm,
+                           .state = s->ssm[il], .out = s->att, .u = u, .q = s->qh, .k = s->k, .v = s->v,
+                           .beta = s->beta, .g = s->g, .n = n, .h_k = hk, .h_v = hv, .d = d,
+                           .kernel = hp->ssm_kernel, .eps = hp->eps};
+    OP(deltanet, &da);
     OP(matmul, &l->wout, s->att, n, s->y);
 }
 

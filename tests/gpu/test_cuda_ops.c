@@ -701,6 +701,98 @@ static void run_gdn(bool chunked, int d) {
     dev_free(dS), free(S), free(Sg);
 }
 
+// The DeltaNet mixer (st_deltanet_args) over a run of calls, the states carried: the GPU's op
+// (one kernel for decode windows with STRATA_DN_FUSED=1) against the CPU's, and bit for bit
+// against the same ops one after another on the GPU (st_deltanet_ops), which the fused kernel
+// must match exactly. Qwen3-Next's head shape (d 128, 16 key and 32 value heads) and r = 1.
+typedef struct dn_bufs {
+    float *qkv, *conv_w, *conv_state, *ba, *ssm_a, *dt_bias, *z, *norm_w, *state, *out, *u, *q, *k, *v, *beta, *g;
+} dn_bufs;
+
+static st_deltanet_args dn_args(const dn_bufs *m, int n, int hk, int hv, int d, int K) {
+    return (st_deltanet_args){.qkv = m->qkv, .conv_w = m->conv_w, .conv_state = m->conv_state, .ba = m->ba,
+                              .ssm_a = m->ssm_a, .dt_bias = m->dt_bias, .z = m->z, .norm_w = m->norm_w,
+                              .state = m->state, .out = m->out, .u = m->u, .q = m->q, .k = m->k, .v = m->v,
+                              .beta = m->beta, .g = m->g, .n = n, .h_k = hk, .h_v = hv, .d = d, .kernel = K,
+                              .eps = 1e-6f};
+}
+
+static void run_deltanet(int hk, int hv) {
+    const int d = 128, K = 4, cd = 2 * hk * d + hv * d, vd = hv * d, nmax = 40;
+    static const int calls[] = {1, 1, 2, 4, 5, 1, 16, 33, 1, 3, 0};
+    size_t ns = (size_t)hv * d * d, ncs = (size_t)(K - 1) * cd;
+    dn_bufs c = {0}, g = {0}, o = {0}; // CPU, GPU op, GPU ops one after another
+    c.conv_w = rand_buf((size_t)cd * K, -0.5f, 0.5f), c.ssm_a = rand_buf(hv, -2.0f, -0.1f);
+    c.dt_bias = rand_buf(hv, -1, 1), c.norm_w = rand_buf(d, 0.5f, 1.5f);
+    c.conv_state = rand_buf(ncs, -1, 1), c.state = rand_buf(ns, -0.2f, 0.2f);
+    c.u = malloc(sizeof(float) * nmax * cd), c.q = malloc(sizeof(float) * nmax * hk * d);
+    c.k = malloc(sizeof(float) * nmax * hk * d), c.v = malloc(sizeof(float) * nmax * vd);
+    c.beta = malloc(sizeof(float) * nmax * hv), c.g = malloc(sizeof(float) * nmax * hv);
+    c.out = malloc(sizeof(float) * nmax * vd);
+    dn_bufs *dev[2] = {&g, &o};
+    for (int i = 0; i < 2; i++) {
+        dn_bufs *b = dev[i];
+        b->conv_w = dev_put(c.conv_w, sizeof(float) * cd * K), b->ssm_a = dev_put(c.ssm_a, sizeof(float) * hv);
+        b->dt_bias = dev_put(c.dt_bias, sizeof(float) * hv), b->norm_w = dev_put(c.norm_w, sizeof(float) * d);
+        b->conv_state = dev_put(c.conv_state, sizeof(float) * ncs), b->state = dev_put(c.state, sizeof(float) * ns);
+        b->u = dev_put(NULL, sizeof(float) * nmax * cd), b->q = dev_put(NULL, sizeof(float) * nmax * hk * d);
+        b->k = dev_put(NULL, sizeof(float) * nmax * hk * d), b->v = dev_put(NULL, sizeof(float) * nmax * vd);
+        b->beta = dev_put(NULL, sizeof(float) * nmax * hv), b->g = dev_put(NULL, sizeof(float) * nmax * hv);
+        b->out = dev_put(NULL, sizeof(float) * nmax * vd);
+    }
+    float *got = malloc(sizeof(float) * (ns > (size_t)nmax * vd ? ns : (size_t)nmax * vd));
+    float *ref2 = malloc(sizeof(float) * (ns > (size_t)nmax * vd ? ns : (size_t)nmax * vd));
+    for (int ci = 0; calls[ci]; ci++) {
+        int n = calls[ci];
+        c.qkv = rand_buf((size_t)n * cd, -2, 2), c.ba = rand_buf((size_t)n * 2 * hv, -3, 3);
+        c.z = rand_buf((size_t)n * vd, -3, 3);
+        for (int i = 0; i < 2; i++) {
+            dev[i]->qkv = dev_put(c.qkv, sizeof(float) * n * cd), dev[i]->ba = dev_put(c.ba, sizeof(float) * n * 2 * hv);
+            dev[i]->z = dev_put(c.z, sizeof(float) * n * vd);
+        }
+        st_deltanet_args ac = dn_args(&c, n, hk, hv, d, K), ag = dn_args(&g, n, hk, hv, d, K),
+                         ao = dn_args(&o, n, hk, hv, d, K);
+        cpu->ops->deltanet(cpu, &ac);
+        gpu->ops->deltanet(gpu, &ag);
+        st_deltanet_ops(gpu, &ao);
+        char what[128];
+        struct { const char *name; float *cpu_p, *g_p, *o_p; size_t len; double atol, rtol; } outs[] = {
+            {"out", c.out, g.out, o.out, (size_t)n * vd, 2e-4, 2e-3},
+            {"state", c.state, g.state, o.state, ns, 1e-4, 1e-3},
+            {"conv state", c.conv_state, g.conv_state, o.conv_state, ncs, 0, 0},
+        };
+        for (int k = 0; k < 3; k++) {
+            dev_get(got, outs[k].g_p, sizeof(float) * outs[k].len);
+            dev_get(ref2, outs[k].o_p, sizeof(float) * outs[k].len);
+            snprintf(what, sizeof what, "deltanet h_k=%d h_v=%d call %d n=%d %s", hk, hv, ci, n, outs[k].name);
+            check(what, outs[k].cpu_p, got, outs[k].len, outs[k].atol, outs[k].rtol);
+            if (memcmp(got, ref2, sizeof(float) * outs[k].len))
+                fail_msg("%s: the op and its ops one after another differ on the GPU", what);
+        }
+        // Carry the CPU's states to both GPU sides so rounding differences do not compound.
+        for (int i = 0; i < 2; i++) {
+            gpu->ops->from_host(gpu, dev[i]->state, c.state, sizeof(float) * ns);
+            dev_free(dev[i]->qkv), dev_free(dev[i]->ba), dev_free(dev[i]->z);
+        }
+        free(c.qkv), free(c.ba), free(c.z);
+    }
+    for (int i = 0; i < 2; i++) {
+        dn_bufs *b = dev[i];
+        float *ps[] = {b->conv_w, b->ssm_a, b->dt_bias, b->norm_w, b->conv_state, b->state, b->u, b->q, b->k, b->v,
+                       b->beta, b->g, b->out};
+        for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) dev_free(ps[k]);
+    }
+    float *ps[] = {c.conv_w, c.ssm_a, c.dt_bias, c.norm_w, c.conv_state, c.state, c.u, c.q, c.k, c.v, c.beta, c.g,
+                   c.out, got, ref2};
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) free(ps[k]);
+}
+
+static void test_deltanet(void **st) {
+    (void)st;
+    run_deltanet(16, 32); // Qwen3-Next: two value heads a key head
+    run_deltanet(4, 4);
+}
+
 static void test_gdn_step(void **st) {
     (void)st;
     run_gdn(false, 128);
@@ -973,6 +1065,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_argmax),        cmocka_unit_test(test_attention),
             cmocka_unit_test(test_attention_wo),
             cmocka_unit_test(test_gdn_step),      cmocka_unit_test(test_gdn_chunked),
+            cmocka_unit_test(test_deltanet),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
     }

@@ -455,6 +455,7 @@ static const st_backend_ops cuda_ops = {
     .gdn = st_cuda_gdn,
     .gdn_chunked = st_cuda_gdn_chunked,
     .gdn_chunked_from = ST_CUDA_GDN_CHUNKED_FROM,
+    .deltanet = st_cuda_deltanet,
     .add = st_cuda_add,
     .swiglu = st_cuda_swiglu,
     .mul_sigmoid = st_cuda_mul_sigmoid,

@@ -372,6 +372,8 @@ __device__ __forceinline__ float rms_row(const float *x, const float *y, float *
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+// softplus as PyTorch computes it: linear above 20.
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 __device__ __forceinline__ double warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -707,4 +709,6 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a);
 // gdn.cu: the Gated DeltaNet recurrence
 void st_cuda_gdn(st_backend *b, const st_gdn_args *a);
 void st_cuda_gdn_chunked(st_backend *b, const st_gdn_args *a);
+void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a);
+bool st_cuda_deltanet_fuses(const st_deltanet_args *a); // the one-kernel path applies (else the ops)
 #define ST_CUDA_GDN_CHUNKED_FROM 32 // rows from which the forward uses the chunked form

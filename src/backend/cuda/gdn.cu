@@ -4,6 +4,7 @@
 // chunks at once, then the state's chunk after chunk).
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -16,6 +17,45 @@
 // so both dot products of a row reduce together.
 #define GDN_STEP_WARPS 4
 #define GDN_STEP_ROWS 4 // value rows per warp
+
+// One row's step on a warp's R state rows s (lane: key dims e·32 + lane), the row's k and q in
+// ck, cq (the same layout), lane rr holding v[rr] in cv, beta cb and e^g decay: returns o of row
+// rr in lane rr (lanes past R: 0).
+template <int EPL, int R>
+__device__ __forceinline__ float gdn_rows(float (&s)[R][EPL], const float (&ck)[EPL], const float (&cq)[EPL], float cv,
+                                          float cb, float decay) {
+    int lane = threadIdx.x & 31;
+    float kq = 0, sk[R], sq[R], o = 0;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) kq += ck[e] * cq[e];
+#pragma unroll
+    for (int rr = 0; rr < R; rr++) {
+        sk[rr] = 0, sq[rr] = 0;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            s[rr][e] *= decay;
+            sk[rr] += s[rr][e] * ck[e];
+            sq[rr] += s[rr][e] * cq[e];
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        kq += __shfl_xor_sync(0xffffffffu, kq, off);
+#pragma unroll
+        for (int rr = 0; rr < R; rr++) {
+            sk[rr] += __shfl_xor_sync(0xffffffffu, sk[rr], off);
+            sq[rr] += __shfl_xor_sync(0xffffffffu, sq[rr], off);
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; rr++) {
+        float delta = cb * (__shfl_sync(0xffffffffu, cv, rr) - sk[rr]);
+#pragma unroll
+        for (int e = 0; e < EPL; e++) s[rr][e] += delta * ck[e];
+        if (lane == rr) o = sq[rr] + delta * kq;
+    }
+    return o;
+}
 
 template <int EPL, int R>
 __global__ void __launch_bounds__(GDN_STEP_WARPS * 32) gdn_step_kernel(st_gdn_args a) {
@@ -48,36 +88,8 @@ __global__ void __launch_bounds__(GDN_STEP_WARPS * 32) gdn_step_kernel(st_gdn_ar
 #pragma unroll
         for (int e = 0; e < EPL; e++) ck[e] = kk[e], cq[e] = qq[e];
         if (t + 1 < a.n) load(t + 1);
-        float kq = 0, sk[R], sq[R];
-#pragma unroll
-        for (int e = 0; e < EPL; e++) kq += ck[e] * cq[e];
-#pragma unroll
-        for (int rr = 0; rr < R; rr++) {
-            sk[rr] = 0, sq[rr] = 0;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                s[rr][e] *= decay;
-                sk[rr] += s[rr][e] * ck[e];
-                sq[rr] += s[rr][e] * cq[e];
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            kq += __shfl_xor_sync(0xffffffffu, kq, o);
-#pragma unroll
-            for (int rr = 0; rr < R; rr++) {
-                sk[rr] += __shfl_xor_sync(0xffffffffu, sk[rr], o);
-                sq[rr] += __shfl_xor_sync(0xffffffffu, sq[rr], o);
-            }
-        }
-        float *out = a.out + ((size_t)t * a.h_v + j) * D + v0;
-#pragma unroll
-        for (int rr = 0; rr < R; rr++) {
-            float delta = cb * (__shfl_sync(0xffffffffu, cv, rr) - sk[rr]);
-#pragma unroll
-            for (int e = 0; e < EPL; e++) s[rr][e] += delta * ck[e];
-            if (lane == rr && v0 + rr < D) out[rr] = sq[rr] + delta * kq;
-        }
+        float o = gdn_rows<EPL, R>(s, ck, cq, cv, cb, decay);
+        if (lane < R && v0 + lane < D) a.out[((size_t)t * a.h_v + j) * D + v0 + lane] = o;
     }
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
@@ -108,6 +120,122 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
 #undef CASE
     }
     ST_CU_LAUNCHED(c, "gdn");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The DeltaNet mixer of a decode window (st_deltanet_args): the conv kernel, then one launch for
+// what took six after it (three copies, two l2 norms, the gates, the step and the gated norm;
+// each a kernel boundary and a round trip to L2 of ~2-3 us a layer at the Next-80B-A3B shape).
+// A block owns one value head j: its warps take q and k (key head j / r) and v straight from
+// the conv's output, normalize them into shared memory, work out the head's gates, run the
+// delta rule on DN_ROWS state rows each (gdn_step_kernel's arithmetic), and one warp applies the
+// gated norm to the head's outputs: the operations of the six kernels in their order, so the
+// same bits. The conv stays a launch of its own: its state rows of q and k are shared by the r
+// value heads of a key head, and a block that updated them could race one still reading them.
+#define DN_D 128      // head size the fused kernel serves (Qwen3-Next's)
+#define DN_ROWS 4     // state rows a warp
+#define DN_WARPS (DN_D / DN_ROWS)
+#define DN_FUSED_ROWS 4 // window rows it serves: its one block a head runs the rows in turn, where
+                        // the step kernel spreads a head over eight blocks
+
+__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a) {
+    constexpr int D = DN_D, EPL = D / 32, R = DN_ROWS;
+    __shared__ float s_q[D], s_k[D], s_v[D], s_o[D], s_gate[2];
+    const int j = blockIdx.x, r = a.h_v / a.h_k, hk = j / r, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int kd = a.h_k * D, vd = a.h_v * D, cd = 2 * kd + vd, v0 = w * R;
+    // The head's state rows: last written by this kernel a step ago, many launches back (every
+    // kernel before the one ahead of this has completed once this one runs), so before the wait.
+    float *S = a.state + (size_t)j * D * D;
+    float s[R][EPL];
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) s[rr][e] = S[(size_t)(v0 + rr) * D + e * 32 + lane];
+    st_pdl_begin();
+    for (int t = 0; t < a.n; t++) {
+        const float *u = a.u + (size_t)t * cd;
+        if (w < 2) { // q (scaled by 1/sqrt(d)) and k, l2-normed as l2norm_kernel does
+            const float *x = u + (w ? kd : 0) + hk * D;
+            float v[EPL], ss = 0;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) v[e] = x[e * 32 + lane];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
+            float norm = sqrtf(warp_sum(ss));
+            float sc = (w ? 1.0f : 1.0f / sqrtf((float)D)) / (norm > a.eps ? norm : a.eps);
+            float *dst = w ? s_k : s_q;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) dst[e * 32 + lane] = v[e] * sc;
+        } else if (w == 2) {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) s_v[e * 32 + lane] = u[2 * kd + (size_t)j * D + e * 32 + lane];
+        } else if (w == 3 && lane == 0) { // gdn_gates_kernel's arithmetic
+            const float *row = a.ba + (size_t)t * 2 * a.h_v;
+            int grp = j / r, wi = j % r;
+            float bj = row[grp * 2 * r + wi], aj = row[grp * 2 * r + r + wi];
+            s_gate[0] = sigmoidf_(bj);
+            s_gate[1] = a.ssm_a[j] * softplusf_(aj + a.dt_bias[j]);
+        }
+        __syncthreads();
+        // The step (gdn_step_kernel's).
+        float ck[EPL], cq[EPL], cv = lane < R ? s_v[v0 + lane] : 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) ck[e] = s_k[e * 32 + lane], cq[e] = s_q[e * 32 + lane];
+        float o = gdn_rows<EPL, R>(s, ck, cq, cv, s_gate[0], expf(s_gate[1]));
+        if (lane < R) s_o[v0 + lane] = o;
+        __syncthreads();
+        if (w == 0) { // the gated norm: rmsnorm_warp_kernel's arithmetic with the gate
+            float v[EPL], ss = 0;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) v[e] = s_o[e * 32 + lane];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
+            ss = warp_sum(ss);
+            float sc = 1.0f / sqrtf(ss / D + a.eps);
+            const float *z = a.z + (size_t)t * vd + (size_t)j * D;
+            float *out = a.out + (size_t)t * vd + (size_t)j * D;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                int i = e * 32 + lane;
+                float y = v[e] * sc * a.norm_w[i];
+                y *= z[i] / (1.0f + expf(-z[i]));
+                out[i] = y;
+            }
+        }
+        __syncthreads(); // the shared rows are rewritten for the next row
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) S[(size_t)(v0 + rr) * D + e * 32 + lane] = s[rr][e];
+}
+
+// STRATA_DN_FUSED=1: decode windows of the DeltaNet mixer run deltanet_head_kernel (written in a
+// session without a GPU: opt-in until one has run and measured it); read once.
+static bool dn_fused_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("STRATA_DN_FUSED");
+        on = e && e[0] == '1';
+    }
+    return on == 1;
+}
+
+bool st_cuda_deltanet_fuses(const st_deltanet_args *a) {
+    return dn_fused_on() && a->n >= 1 && a->n <= DN_FUSED_ROWS && a->d == DN_D && a->h_k >= 1 && a->h_v % a->h_k == 0;
+}
+
+void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
+    st_cuda *c = st_cuda_of(b);
+    if (!st_cuda_deltanet_fuses(a)) {
+        st_deltanet_ops(b, a);
+        return;
+    }
+    st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
+                       .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
+    st_cuda_conv(b, &ca);
+    st_launch(c, deltanet_head_kernel, (unsigned)a->h_v, DN_WARPS * 32, 0, *a);
+    ST_CU_LAUNCHED(c, "deltanet");
 }
 
 // ---------------------------------------------------------------------------------------------

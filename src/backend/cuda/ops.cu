@@ -405,9 +405,6 @@ void st_cuda_add_gated_rows(st_backend *b, float *y, const float *x, const float
     ST_CU_LAUNCHED(c, "add_gated_rows");
 }
 
-// softplus as PyTorch computes it: linear above 20.
-__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 __global__ void gdn_gates_kernel(const float *ba, const float *ssm_a, const float *dt_bias, float *beta,
                                  float *g, int n, int h_k, int h_v) {
     st_pdl_begin();

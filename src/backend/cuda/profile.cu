@@ -532,6 +532,17 @@ static void p_swiglu(st_backend *b, const float *g, const float *u, float *y, in
 static void p_mul_sigmoid(st_backend *b, float *y, const float *g, int64_t n) { TIMED(b, "mul_sigmoid", inner->mul_sigmoid(b, y, g, n)); }
 static void p_mul_silu(st_backend *b, float *y, const float *g, int64_t n) { TIMED(b, "mul_silu", inner->mul_silu(b, y, g, n)); }
 static void p_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d) { TIMED(b, "add_gated_rows", inner->add_gated_rows(b, y, x, g, n, d)); }
+// The fused mixer timed as one op; otherwise its ops, each timed (st_deltanet_ops calls them
+// through this table).
+static void p_deltanet(st_backend *b, const st_deltanet_args *a) {
+    if (!st_cuda_deltanet_fuses(a)) {
+        st_deltanet_ops(b, a);
+        return;
+    }
+    char key[96];
+    snprintf(key, sizeof key, "deltanet fused %s", rows_class(a->n));
+    TIMED(b, key, inner->deltanet(b, a));
+}
 static void p_gdn_gates(st_backend *b, const float *ba, const float *a, const float *dt, float *beta, float *g, int n, int hk, int hv) { TIMED(b, "gdn_gates", inner->gdn_gates(b, ba, a, dt, beta, g, n, hk, hv)); }
 static void p_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int h, int a, int bd) { TIMED(b, "split_heads", inner->split_heads(b, x, ya, yb, n, h, a, bd)); }
 static void p_copy_cols(st_backend *b, const float *x, int64_t ldx, int64_t xf, float *y, int64_t ldy, int64_t yf, int n, int64_t w) { TIMED(b, "copy_cols", inner->copy_cols(b, x, ldx, xf, y, ldy, yf, n, w)); }
@@ -608,6 +619,7 @@ const st_backend_ops *st_cuda_profile_ops(const st_backend_ops *real, bool time_
     ops.mul_silu = p_mul_silu;
     ops.add_gated_rows = p_add_gated_rows;
     ops.gdn_gates = p_gdn_gates;
+    ops.deltanet = p_deltanet;
     ops.split_heads = p_split_heads;
     ops.copy_cols = p_copy_cols;
     ops.copy = p_copy;
