@@ -123,28 +123,44 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The DeltaNet mixer of a decode window (st_deltanet_args): the conv kernel, then one launch for
-// what took six after it (three copies, two l2 norms, the gates, the step and the gated norm;
-// each a kernel boundary and a round trip to L2 of ~2-3 us a layer at the Next-80B-A3B shape).
-// A block owns one value head j: its warps take q and k (key head j / r) and v straight from
-// the conv's output, normalize them into shared memory, work out the head's gates, run the
-// delta rule on DN_ROWS state rows each (gdn_step_kernel's arithmetic), and one warp applies the
-// gated norm to the head's outputs: the operations of the six kernels in their order, so the
-// same bits. The conv stays a launch of its own: its state rows of q and k are shared by the r
-// value heads of a key head, and a block that updated them could race one still reading them.
+// The DeltaNet mixer of a decode window (st_deltanet_args) in one launch where it took ten (the
+// conv, three copies, two l2 norms, the gates, the step and the gated norm; each a kernel
+// boundary and a round trip to L2, ~2-3 us a layer at the Next-80B-A3B shape). A block owns one
+// value head j (grid: key heads x r, j = x r + y): its threads compute the conv of the head's
+// channels (q and k of key head j / r, and v of head j) from the raw rows, two warps l2-normalize
+// q and k into shared memory, one works out the head's gates, every warp runs the delta rule on
+// DN_ROWS state rows (gdn_step_kernel's gdn_rows), and one applies the gated norm to the head's
+// outputs: the operations of the ten kernels in their order, so the same bits. The r value heads
+// of a key head share its q and k conv state rows: the block of rank 0 writes them, after a
+// barrier of the r blocks' cluster (sm_90+) that follows every block's read of them. Without
+// clusters (r > 1 on older GPUs, or none that fits) the conv runs as its own kernel first
+// (CONV false) and the blocks read its output.
 #define DN_D 128      // head size the fused kernel serves (Qwen3-Next's)
 #define DN_ROWS 4     // state rows a warp
 #define DN_WARPS (DN_D / DN_ROWS)
+#define DN_MAX_K 4    // conv taps the fused conv serves (Qwen3-Next: 4)
 #define DN_FUSED_ROWS 4 // window rows it serves: its one block a head runs the rows in turn, where
                         // the step kernel spreads a head over eight blocks
 
+template <bool CONV>
 __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a) {
-    constexpr int D = DN_D, EPL = D / 32, R = DN_ROWS;
+    constexpr int D = DN_D, EPL = D / 32, R = DN_ROWS, KW = DN_MAX_K;
     __shared__ float s_q[D], s_k[D], s_v[D], s_o[D], s_gate[2];
-    const int j = blockIdx.x, r = a.h_v / a.h_k, hk = j / r, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __shared__ float s_w[CONV ? 3 * D * KW : 1], s_win[CONV ? 3 * D * (KW - 1) : 1]; // a thread's channel's taps, rows
+    const int r = a.h_v / a.h_k, hk = blockIdx.x, j = hk * r + blockIdx.y, tid = threadIdx.x;
+    const int lane = tid & 31, w = tid >> 5, K = a.kernel;
     const int kd = a.h_k * D, vd = a.h_v * D, cd = 2 * kd + vd, v0 = w * R;
-    // The head's state rows: last written by this kernel a step ago, many launches back (every
-    // kernel before the one ahead of this has completed once this one runs), so before the wait.
+    // The head's state rows and conv state: last written by this kernel a step ago, many launches
+    // back (every kernel before the one ahead of this has completed once this one runs), so before
+    // the wait. Thread c < 3 D owns channel ch: q, k of key head hk, then v of head j.
+    const bool mine = CONV && tid < 3 * D;
+    const int ch = tid < D ? hk * D + tid : tid < 2 * D ? kd + hk * D + tid - D : 2 * kd + j * D + tid - 2 * D;
+    float *tw = mine ? s_w + tid * KW : NULL, *win = mine ? s_win + tid * (KW - 1) : NULL;
+    float *conv_out = !mine ? NULL : tid < D ? s_q + tid : tid < 2 * D ? s_k + (tid - D) : s_v + (tid - 2 * D);
+    if (mine) {
+        for (int q = 0; q < K; q++) tw[q] = a.conv_w[(size_t)ch * K + q];
+        for (int q = 0; q < K - 1; q++) win[q] = a.conv_state[(size_t)q * cd + ch];
+    }
     float *S = a.state + (size_t)j * D * D;
     float s[R][EPL];
 #pragma unroll
@@ -154,8 +170,19 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
     st_pdl_begin();
     for (int t = 0; t < a.n; t++) {
         const float *u = a.u + (size_t)t * cd;
+        if (CONV) { // conv_window_kernel's arithmetic: the K-1 rows before, then this one
+            if (mine) {
+                float x = a.qkv[(size_t)t * cd + ch], sum = 0;
+                for (int q = 0; q < K - 1; q++) sum += tw[q] * win[q];
+                sum += tw[K - 1] * x;
+                for (int q = 0; q + 1 < K - 1; q++) win[q] = win[q + 1];
+                if (K > 1) win[K - 2] = x;
+                *conv_out = sum / (1.0f + expf(-sum));
+            }
+            __syncthreads();
+        }
         if (w < 2) { // q (scaled by 1/sqrt(d)) and k, l2-normed as l2norm_kernel does
-            const float *x = u + (w ? kd : 0) + hk * D;
+            const float *x = CONV ? (w ? s_k : s_q) : u + (w ? kd : 0) + hk * D;
             float v[EPL], ss = 0;
 #pragma unroll
             for (int e = 0; e < EPL; e++) v[e] = x[e * 32 + lane];
@@ -166,13 +193,13 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
             float *dst = w ? s_k : s_q;
 #pragma unroll
             for (int e = 0; e < EPL; e++) dst[e * 32 + lane] = v[e] * sc;
-        } else if (w == 2) {
+        } else if (w == 2 && !CONV) {
 #pragma unroll
             for (int e = 0; e < EPL; e++) s_v[e * 32 + lane] = u[2 * kd + (size_t)j * D + e * 32 + lane];
         } else if (w == 3 && lane == 0) { // gdn_gates_kernel's arithmetic
             const float *row = a.ba + (size_t)t * 2 * a.h_v;
-            int grp = j / r, wi = j % r;
-            float bj = row[grp * 2 * r + wi], aj = row[grp * 2 * r + r + wi];
+            int wi = j % r;
+            float bj = row[hk * 2 * r + wi], aj = row[hk * 2 * r + r + wi];
             s_gate[0] = sigmoidf_(bj);
             s_gate[1] = a.ssm_a[j] * softplusf_(aj + a.dt_bias[j]);
         }
@@ -208,6 +235,13 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
         for (int e = 0; e < EPL; e++) S[(size_t)(v0 + rr) * D + e * 32 + lane] = s[rr][e];
+    if (CONV) { // the new conv state: the last K-1 raw rows
+#if defined(ST_CLUSTERS)
+        if (r > 1) st_cluster_sync(); // every block of the key head has read its q / k rows
+#endif
+        if (mine && (tid >= 2 * D || blockIdx.y == 0))
+            for (int q = 0; q < K - 1; q++) a.conv_state[(size_t)q * cd + ch] = win[q];
+    }
 }
 
 // STRATA_DN_FUSED=1: decode windows of the DeltaNet mixer run deltanet_head_kernel (written in a
@@ -231,10 +265,21 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
         st_deltanet_ops(b, a);
         return;
     }
-    st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
-                       .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
-    st_cuda_conv(b, &ca);
-    st_launch(c, deltanet_head_kernel, (unsigned)a->h_v, DN_WARPS * 32, 0, *a);
+    int r = a->h_v / a->h_k;
+    dim3 grid((unsigned)a->h_k, (unsigned)r);
+    // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
+    // the r heads of a key head.
+    bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&
+                   (r == 1 || st_cluster_fits(c, deltanet_head_kernel<true>, r, grid, DN_WARPS * 32, 0));
+    if (conv_in) {
+        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
+        else st_launch_cluster(c, r, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
+    } else {
+        st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
+                           .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
+        st_cuda_conv(b, &ca);
+        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a);
+    }
     ST_CU_LAUNCHED(c, "deltanet");
 }
 
