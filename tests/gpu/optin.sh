@@ -26,6 +26,12 @@ shift $((OPTIND - 1))
 model=$1
 shift
 B=${STRATA_GPU_BUILD:-gpu-pack}
+[ -d "$B/lib" ] && export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Python packages parity.py needs and the machine lacks (carried as wheels in .whl, as run.sh).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 logs=${OUT:-/tmp/strata-optin}/optin
 mkdir -p "$logs"
 rows=()
