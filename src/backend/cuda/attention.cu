@@ -792,7 +792,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     ns = ns < 256 ? ns : 256;
     ns = ns < 1 ? 1 : ns;
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
-    p->cs = ns > 1 && p->counters ? attn_cluster_size<EPL, QPW>(c, qt, &ns, n_head_kv, smem) : 1;
+    bool clusters = ns > 1 && p->counters && st_cluster_on();
+    p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, qt, &ns, n_head_kv, smem) : 1;
     if (p->cs == 1) st_allow_smem(c, attn_kernel<EPL, QPW, false>, smem);
     p->ns = ns;
     if (ns > 1) {

@@ -163,8 +163,9 @@ static bool env_is(const char *name, const char *value) {
     return v && !strcmp(v, value);
 }
 
-// STRATA_CLUSTER=1: the combines run in clusters (st_cluster_fits). Off by default until the
-// path has run on a GPU (it was written in a session without one); read once.
+// STRATA_CLUSTER=1: attention's and the down kernel's combines run in clusters (where
+// st_cluster_fits). Off by default until the path has run on a GPU (it was written in a session
+// without one); read once.
 bool st_cluster_on(void) {
     static int on = -1;
     if (on < 0) on = env_is("STRATA_CLUSTER", "1");

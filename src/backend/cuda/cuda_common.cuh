@@ -593,18 +593,18 @@ static inline void st_launch_cluster(st_cuda *c, int cluster_y, void (*k)(P...),
 // read each other's shared memory. Where several blocks' partial results are summed (decode
 // attention's context splits, the experts' k slots of a row tile), a cluster's barrier and
 // reads from its blocks' shared memory replace publishing to L2 with fences, counting in with
-// an atomic and reading back by the last block. Whether kernel k can run in clusters of
-// cluster_y blocks along y of this grid (sizes over 8 need the non-portable opt-in, allowed up
-// to 16 on Hopper; false where the GPU cannot hold one such cluster, and unless
-// STRATA_CLUSTER=1: the path was written in a session without a GPU, so it is opt-in until one
-// has measured it against the counting path).
+// an atomic and reading back by the last block (those combines only with STRATA_CLUSTER=1,
+// st_cluster_on: written in a session without a GPU, opt-in until one has measured them against
+// the counting path). st_cluster_fits: whether kernel k can run in clusters of cluster_y blocks
+// along y of this grid (sizes over 8 need the non-portable opt-in, allowed up to 16 on Hopper;
+// false where the GPU cannot hold one such cluster).
 bool st_cluster_on(void);
 // The answer for (device, kernel, cluster size, block, shared memory), asked of the runtime once
 // (windows that run eagerly launch these kernels every step). -1: not asked yet.
 int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int fits);
 template <typename... P>
 static inline bool st_cluster_fits(st_cuda *c, void (*k)(P...), int cluster_y, dim3 grid, dim3 block, size_t smem) {
-    if (c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y || !st_cluster_on()) return false;
+    if (c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y) return false;
     unsigned threads = block.x * block.y * block.z;
     int known = st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, -1);
     if (known >= 0) return known == 1;
