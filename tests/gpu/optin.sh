@@ -6,8 +6,8 @@
 # every switch against the default. Summary last.
 #
 #   tests/gpu/optin.sh [-r ROUNDS] [-t] [-p] MODEL "NAME=ENV ..." ...
-#     e.g. tests/gpu/optin.sh -r 3 -p /tmp/m/q30.gguf cluster=STRATA_CLUSTER=1 \
-#            "all=STRATA_CLUSTER=1 STRATA_DN_FUSED=1"
+#     e.g. tests/gpu/optin.sh -r 3 -p /tmp/m/q30.gguf nocluster=STRATA_CLUSTER=0 \
+#            "neither=STRATA_CLUSTER=0 STRATA_DN_FUSED=0"
 #   -t: skip the kernel tests (a second model in the same call); -p: run the parity cases
 # Binaries from $STRATA_GPU_BUILD (default gpu-pack: tests/gpu/pack.sh); logs in $OUT/optin.
 set -uo pipefail

@@ -702,9 +702,9 @@ static void run_gdn(bool chunked, int d) {
 }
 
 // The DeltaNet mixer (st_deltanet_args) over a run of calls, the states carried: the GPU's op
-// (one kernel for decode windows with STRATA_DN_FUSED=1) against the CPU's, and bit for bit
-// against the same ops one after another on the GPU (st_deltanet_ops), which the fused kernel
-// must match exactly. Qwen3-Next's head shape (d 128, 16 key and 32 value heads) and r = 1.
+// (one kernel for decode windows; STRATA_DN_FUSED=0: the ops in turn) against the CPU's, and
+// bit for bit against the same ops one after another on the GPU (st_deltanet_ops), which the
+// fused kernel must match exactly. Qwen3-Next's head shape (d 128, 16 key and 32 value heads) and r = 1.
 typedef struct dn_bufs {
     float *qkv, *conv_w, *conv_state, *ba, *ssm_a, *dt_bias, *z, *norm_w, *state, *out, *u, *q, *k, *v, *beta, *g;
 } dn_bufs;

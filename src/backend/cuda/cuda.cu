@@ -163,18 +163,16 @@ static bool env_is(const char *name, const char *value) {
     return v && !strcmp(v, value);
 }
 
-// STRATA_CLUSTER=1: attention's and the down kernel's combines run in clusters (where
-// st_cluster_fits). Off by default until the path has run on a GPU (it was written in a session
-// without one); read once.
+// STRATA_CLUSTER=0: no clusters (cuda_common.cuh); read once.
 bool st_cluster_on(void) {
     static int on = -1;
-    if (on < 0) on = env_is("STRATA_CLUSTER", "1");
+    if (on < 0) on = !env_is("STRATA_CLUSTER", "0");
     return on == 1;
 }
 
-int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int fits) {
+int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max) {
     static struct {
-        int device, cluster_y, fits;
+        int device, cluster_y, max;
         const void *k;
         unsigned block;
         size_t smem;
@@ -182,14 +180,14 @@ int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, s
     static int n_seen;
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; // (one thread a device)
     pthread_mutex_lock(&lock);
-    int r = fits;
+    int r = max;
     for (int i = 0; i < n_seen && r < 0; i++)
         if (seen[i].device == device && seen[i].k == k && seen[i].cluster_y == cluster_y && seen[i].block == block &&
             seen[i].smem == smem)
-            r = seen[i].fits;
-    if (fits >= 0 && n_seen < 256) {
+            r = seen[i].max;
+    if (max >= 0 && n_seen < 256) {
         seen[n_seen].device = device, seen[n_seen].k = k, seen[n_seen].cluster_y = cluster_y;
-        seen[n_seen].block = block, seen[n_seen].smem = smem, seen[n_seen++].fits = fits;
+        seen[n_seen].block = block, seen[n_seen].smem = smem, seen[n_seen++].max = max;
     }
     pthread_mutex_unlock(&lock);
     return r;

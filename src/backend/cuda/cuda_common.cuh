@@ -593,31 +593,36 @@ static inline void st_launch_cluster(st_cuda *c, int cluster_y, void (*k)(P...),
 // read each other's shared memory. Where several blocks' partial results are summed (decode
 // attention's context splits, the experts' k slots of a row tile), a cluster's barrier and
 // reads from its blocks' shared memory replace publishing to L2 with fences, counting in with
-// an atomic and reading back by the last block (those combines only with STRATA_CLUSTER=1,
-// st_cluster_on: written in a session without a GPU, opt-in until one has measured them against
-// the counting path). st_cluster_fits: whether kernel k can run in clusters of cluster_y blocks
-// along y of this grid (sizes over 8 need the non-portable opt-in, allowed up to 16 on Hopper;
-// false where the GPU cannot hold one such cluster).
+// an atomic and reading back by the last block (H200, 2026-12-01: 30B-A3B decode +5%).
+// st_cluster_on: false with STRATA_CLUSTER=0 (the counting path everywhere, as on GPUs before
+// sm_90: for tests and A/B runs). st_cluster_fits: whether kernel k can run in clusters of
+// cluster_y blocks along y of this grid with every cluster resident at once (sizes over 8 need
+// the non-portable opt-in, allowed up to 16 on Hopper). A grid whose clusters would run in two
+// waves counts in instead: the Next-80B-A3B's 64 clusters of 10 down blocks did not fit at once,
+// and the second wave cost that kernel 4 us (decode -5%).
 bool st_cluster_on(void);
-// The answer for (device, kernel, cluster size, block, shared memory), asked of the runtime once
-// (windows that run eagerly launch these kernels every step). -1: not asked yet.
-int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int fits);
+// The most clusters of (device, kernel, cluster size, block, shared memory) resident at once,
+// asked of the runtime once (windows that run eagerly launch these kernels every step): with
+// max >= 0 it is recorded; returns the recorded value, or -1 if none.
+int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max);
 template <typename... P>
 static inline bool st_cluster_fits(st_cuda *c, void (*k)(P...), int cluster_y, dim3 grid, dim3 block, size_t smem) {
-    if (c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y) return false;
+    if (!st_cluster_on() || c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y) return false;
     unsigned threads = block.x * block.y * block.z;
-    int known = st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, -1);
-    if (known >= 0) return known == 1;
-    int n = 0;
-    if (cluster_y > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-        cudaGetLastError();
-    } else {
-        cudaLaunchAttribute attr[2];
-        cudaLaunchConfig_t cfg = st_launch_cfg(c->stream, false, cluster_y, grid, block, smem, attr);
-        if (cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg) != cudaSuccess) cudaGetLastError(), n = 0;
+    long clusters = (long)grid.x * grid.y * grid.z / cluster_y;
+    int n = st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, -1);
+    if (n < 0) {
+        n = 0;
+        if (cluster_y > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+            cudaGetLastError();
+        } else {
+            cudaLaunchAttribute attr[2];
+            cudaLaunchConfig_t cfg = st_launch_cfg(c->stream, false, cluster_y, grid, block, smem, attr);
+            if (cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg) != cudaSuccess) cudaGetLastError(), n = 0;
+        }
+        st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, n);
     }
-    st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, n > 0);
-    return n > 0;
+    return n > 0 && clusters <= n;
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define ST_CLUSTERS 1

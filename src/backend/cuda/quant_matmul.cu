@@ -2118,7 +2118,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
             auto k = W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1>
                    : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
             st_moe2_args q = p;
-            q.cluster = st_cluster_on() && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
+            q.cluster = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
             if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
             else st_launch(c, k, grid, 32 * W, smem, q);
             ST_CU_LAUNCHED(c, "moe2_kernel");
