@@ -151,6 +151,19 @@ typedef struct st_moe_args {
     uint32_t *counts;                // (n_expert) += 1 per routed (row, choice); NULL: not counted
 } st_moe_args;
 
+// The shared expert of n rows (Qwen3-Next's MoE blocks): g = x · gateᵀ, u = x · upᵀ, s = x ·
+// gate_inp (its gate logit, one a row), o = (silu(g) · u) · downᵀ (swiglu into g): the values of
+// matmul_many, swiglu and matmul in that order (st_shared_ffn_ops). A device may run it beside
+// the ops after it up to the first that reads o or s, which must be the moe op given them as
+// gated_o / gated_s, or add_gated_rows; the ops in between write none of x, g, u, s and o.
+typedef struct st_shared_ffn_args {
+    const st_mat *gate, *up, *down; // (F, d), (F, d), (d, F)
+    const float *gate_inp;          // (d) f32
+    const float *x;                 // (n, d) normed input
+    float *g, *u, *s, *o;           // (n, F), (n, F) work; (n) gate logits; (n, d) output
+    int n;
+} st_shared_ffn_args;
+
 typedef struct st_backend st_backend;
 
 // One hybrid layer's hand-off (host_alloc memory is mapped into the device).
@@ -265,6 +278,8 @@ typedef struct st_backend_ops {
     void (*mul_silu)(st_backend *b, float *y, const float *gate, int64_t n);
     // y (n, d) += sigmoid(g[i]) · x (n, d): one gate logit per row (the shared expert's gate)
     void (*add_gated_rows)(st_backend *b, float *y, const float *x, const float *g, int n, int d);
+    // The shared expert (st_shared_ffn_args); st_shared_ffn_ops on the CPU.
+    void (*shared_ffn)(st_backend *b, const st_shared_ffn_args *a);
     // DeltaNet gates from ba (n, h_k, [b(r), a(r)]) with r = h_v / h_k, per value head j:
     // beta = sigmoid(b_j), g = ssm_a[j] · softplus(a_j + dt_bias[j]). beta, g (n, h_v).
     void (*gdn_gates)(st_backend *b, const float *ba, const float *ssm_a, const float *dt_bias,
@@ -336,6 +351,8 @@ void st_moe_route(const float *logits, int n, int n_expert, int k, int32_t *ids,
 // The DeltaNet mixer as the ops it is made of, on backend b (the CPU's deltanet op, and a
 // device's where it does not run one kernel).
 void st_deltanet_ops(st_backend *b, const st_deltanet_args *a);
+// The shared expert as its ops (the CPU's shared_ffn op, and a device's where it runs in line).
+void st_shared_ffn_ops(st_backend *b, const st_shared_ffn_args *a);
 
 // ---------------------------------------------------------------------------------------------
 // CUDA (cuda/). Built when nvcc is found; without it st_cuda_available() is false and the

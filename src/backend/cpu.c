@@ -522,6 +522,17 @@ void st_deltanet_ops(st_backend *b, const st_deltanet_args *a) {
     ops->rmsnorm_silu(b, a->out, a->norm_w, a->z, a->out, n * hv, d, a->eps);
 }
 
+void st_shared_ffn_ops(st_backend *b, const st_shared_ffn_args *a) {
+    const st_backend_ops *ops = b->ops;
+    int64_t d = a->gate->cols;
+    st_mat gate_inp = {ST_TYPE_F32, d, 1, sizeof(float) * (size_t)d, a->gate_inp};
+    const st_mat *w[3] = {a->gate, a->up, &gate_inp};
+    float *y[3] = {a->g, a->u, a->s};
+    ops->matmul_many(b, 3, w, a->x, a->n, y);
+    ops->swiglu(b, a->g, a->u, a->g, (int64_t)a->n * a->gate->rows);
+    ops->matmul(b, a->down, a->g, a->n, a->o);
+}
+
 static void cpu_split_heads(st_backend *b, const float *x, float *ya, float *yb, int n, int heads,
                             int a, int bdim) {
     (void)b;
@@ -666,6 +677,7 @@ static const st_backend_ops cpu_ops = {
     // near-tie, --batch 512 against --batch 1.)
     .gdn_chunked_from = 0,
     .deltanet = st_deltanet_ops,
+    .shared_ffn = st_shared_ffn_ops,
     .add = cpu_add,
     .swiglu = cpu_swiglu,
     .mul_sigmoid = cpu_mul_sigmoid,

@@ -477,15 +477,12 @@ static void count_routing(st_experts *ex, int layer, const int32_t *ids, int na,
         if (ids[i] >= 0 && ids[i] < n_expert) ex->counts[(size_t)layer * n_expert + ids[i]]++;
 }
 
-// The shared expert's three products of x as one matmul_many (a device runs gate and up, one
-// type and width, as one launch; the results are matmul's bits either way).
-static void shared_expert(st_backend *b, const st_moe_shared *sh, const float *x, int n, int d) {
-    st_mat gate_inp = {ST_TYPE_F32, d, 1, sizeof(float) * d, sh->gate_inp};
-    const st_mat *w[3] = {sh->gate, sh->up, &gate_inp};
-    float *y[3] = {sh->g, sh->u, sh->s};
-    b->ops->matmul_many(b, 3, w, x, n, y);
-    b->ops->swiglu(b, sh->g, sh->u, sh->g, (int64_t)n * sh->gate->rows);
-    b->ops->matmul(b, sh->down, sh->g, n, sh->o);
+// The shared expert of x (the backend's shared_ffn: a device may run it beside the routed experts
+// until their combine reads sh->o and sh->s).
+static void shared_expert(st_backend *b, const st_moe_shared *sh, const float *x, int n) {
+    st_shared_ffn_args a = {.gate = sh->gate, .up = sh->up, .down = sh->down, .gate_inp = sh->gate_inp, .x = x,
+                            .g = sh->g, .u = sh->u, .s = sh->s, .o = sh->o, .n = n};
+    b->ops->shared_ffn(b, &a);
 }
 
 // Grows a device buffer (contents lost); false with the error set when the device is full.
@@ -598,7 +595,7 @@ static void hybrid_window(st_experts *ex, st_backend *b, const st_moe_args *a, c
                        .h_x = (float *)(h + ex->hand_x), .h_y = (const float *)(h + ex->hand_y), .y = a->y,
                        .wait_ns = (uint64_t *)hand_flag(ex, l, HAND_WAIT), .logits = a->logits};
     b->ops->hand_publish(b, &ha); // routes for the host, given the logits
-    if (sh) shared_expert(b, sh, a->x, n, d);
+    if (sh) shared_expert(b, sh, a->x, n);
     cached_moe(ex, b, a, NULL); // routes for the device
     b->ops->hand_collect(b, &ha);
     if (sh) b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
@@ -798,7 +795,7 @@ static st_status hybrid_sync(st_experts *ex, st_backend *b, const st_moe_args *a
     b->ops->to_host_async(b, h + ex->hand_w, a->weights, sizeof(float) * (size_t)na);
     b->ops->to_host_async(b, h + ex->hand_x, a->x, sizeof(float) * (size_t)n * d);
     // Queued behind those copies: the shared expert and the cached experts.
-    if (sh) shared_expert(b, sh, a->x, n, d);
+    if (sh) shared_expert(b, sh, a->x, n);
     cached_moe(ex, b, a, NULL);
     b->ops->wait_copies(b);
     ex->stats.wait_s += st_time_s() - t0;
@@ -855,7 +852,7 @@ static st_status hybrid_chunk(st_experts *ex, st_backend *b, const st_moe_args *
     int32_t *h_ids = (int32_t *)ex->pin;
     b->ops->to_host_async(b, h_ids, a->ids, ids_b);
     // Queued behind that copy: the shared expert and the cached experts.
-    if (sh) shared_expert(b, sh, a->x, n, d);
+    if (sh) shared_expert(b, sh, a->x, n);
     cached_moe(ex, b, a, NULL);
     b->ops->wait_copies(b);
     count_routing(ex, l, h_ids, na, E);
@@ -918,7 +915,7 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
         // output in its own last step (add_gated_rows' arithmetic, one launch fewer a layer).
         st_moe_args g = *a;
         if (sh) {
-            shared_expert(b, sh, a->x, n, d);
+            shared_expert(b, sh, a->x, n);
             g.gated_o = sh->o;
             g.gated_s = sh->s;
         }
@@ -926,7 +923,7 @@ st_status st_experts_compute(st_experts *ex, st_backend *b, const st_moe_args *a
         return ST_OK;
     }
     if (sh) { // the CPU
-        shared_expert(b, sh, a->x, n, d);
+        shared_expert(b, sh, a->x, n);
         b->ops->add_gated_rows(b, a->y, sh->o, sh->s, n, d);
     }
     return ST_OK;

@@ -60,8 +60,8 @@ step unit && for t in "$B"/test_*; do
 done
 
 # The CUDA kernel tests again with the other paths the GPU can take (docs/GPU.md: without
-# clusters, as before sm_90, and the DeltaNet mixer as its ops in turn).
-ALT=${STRATA_GPU_ALT:-STRATA_CLUSTER=0 STRATA_DN_FUSED=0}
+# clusters, as before sm_90, the DeltaNet mixer as its ops in turn, the shared expert in line).
+ALT=${STRATA_GPU_ALT:-STRATA_CLUSTER=0 STRATA_DN_FUSED=0 STRATA_SHARED_SIDE=0}
 step unit && [ -n "$ALT" ] && for t in "$B"/test_cuda_*; do
   [ -x "$t" ] || continue
   n=$(basename "$t")

@@ -1,7 +1,7 @@
 // GPU tests of the quantized-weight ops (quant_matmul.cu) against the CPU backend: matmul for
 // every weight type with odd sizes and window sizes on both sides of the GEMM crossover,
-// get_rows (exact), and the routed experts on random routing. Exits 77 (skipped) without a
-// usable GPU. `test_cuda_quant --bench` prints matrix-vector bandwidth and expert timings.
+// get_rows (exact), the shared expert on the side stream, and the routed experts on random
+// routing. Exits 77 (skipped) without a usable GPU. `test_cuda_quant --bench` prints matrix-vector bandwidth and expert timings.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -329,6 +329,77 @@ static void test_matmul_many(void **state) {
         for (int i = 0; i < 3; i++) dev_free((void *)m[i].data), dev_free(y1[i]), dev_free(y2[i]);
         dev_free(xd), free(x);
     }
+}
+
+// shared_ffn: the Qwen3-Next shared expert, which a decode window runs on the side stream
+// (STRATA_SHARED_SIDE=0: in line), against its ops one after another on the main stream, bit for
+// bit: the output and gate logit, and y after add_gated_rows reads them (which must join the
+// side stream first), run as it comes and recorded into a graph and replayed (a recording ends
+// with the fork joined). Windows of 1, 2 and 4 rows fork; 5 runs in line.
+typedef struct sh_work {
+    st_shared_ffn_args a;
+    float *y;
+    int d;
+} sh_work;
+
+static st_status sh_body(void *ctx) {
+    sh_work *w = ctx;
+    gpu->ops->shared_ffn(gpu, &w->a);
+    gpu->ops->add_gated_rows(gpu, w->y, w->a.o, w->a.s, w->a.n, w->d);
+    return ST_OK;
+}
+
+static void sh_same(const char *what, int n, const float *a_dev, const float *b_dev, size_t cnt) {
+    float *a = xmalloc(sizeof(float) * cnt), *b = xmalloc(sizeof(float) * cnt);
+    dev_get(a, a_dev, sizeof(float) * cnt);
+    dev_get(b, b_dev, sizeof(float) * cnt);
+    if (memcmp(a, b, sizeof(float) * cnt)) fail_msg("shared_ffn n=%d: %s differs from the ops in turn", n, what);
+    free(a), free(b);
+}
+
+static void test_shared_ffn(void **state) {
+    (void)state;
+    const int d = 512, F = 512, nmax = 5;
+    st_mat gate = device_weights(ST_TYPE_Q8_0, F, d), up = device_weights(ST_TYPE_Q8_0, F, d);
+    st_mat down = device_weights(ST_TYPE_Q8_0, d, F);
+    float *gi = rand_normal((size_t)d, 0.05f), *x = rand_normal((size_t)nmax * d, 1.0f);
+    float *y0 = rand_normal((size_t)nmax * d, 1.0f);
+    float *gid = dev_put(gi, sizeof(float) * d), *xd = dev_put(x, sizeof(float) * (size_t)nmax * d);
+    sh_work w[2]; // [0] the op, [1] its ops in turn
+    for (int i = 0; i < 2; i++) {
+        w[i].a = (st_shared_ffn_args){.gate = &gate, .up = &up, .down = &down, .gate_inp = gid, .x = xd,
+                                      .g = dev_put(NULL, sizeof(float) * (size_t)nmax * F),
+                                      .u = dev_put(NULL, sizeof(float) * (size_t)nmax * F),
+                                      .s = dev_put(NULL, sizeof(float) * nmax),
+                                      .o = dev_put(NULL, sizeof(float) * (size_t)nmax * d)};
+        w[i].y = dev_put(NULL, sizeof(float) * (size_t)nmax * d);
+        w[i].d = d;
+    }
+    static const int ns[] = {1, 2, 4, 5};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        int n = ns[ni];
+        w[0].a.n = w[1].a.n = n;
+        gpu->ops->from_host(gpu, w[1].y, y0, sizeof(float) * (size_t)n * d);
+        st_shared_ffn_ops(gpu, &w[1].a);
+        gpu->ops->add_gated_rows(gpu, w[1].y, w[1].a.o, w[1].a.s, n, d);
+        void *slot = NULL;
+        for (int run = 0; run < 3; run++) { // as it comes, recorded, replayed
+            gpu->ops->from_host(gpu, w[0].y, y0, sizeof(float) * (size_t)n * d);
+            if (gpu->ops->run(gpu, &slot, sh_body, &w[0]) != ST_OK) fail_msg("shared_ffn n=%d: %s", n, st_error());
+            gpu_sync("shared_ffn");
+            sh_same("y after add_gated_rows", n, w[0].y, w[1].y, (size_t)n * d);
+            sh_same("the output", n, w[0].a.o, w[1].a.o, (size_t)n * d);
+            sh_same("the gate logit", n, w[0].a.s, w[1].a.s, (size_t)n);
+        }
+        gpu->ops->graph_free(gpu, slot);
+        // The output read straight after the op (the copy to the host joins the side stream).
+        gpu->ops->shared_ffn(gpu, &w[0].a);
+        sh_same("the output read at once", n, w[0].a.o, w[1].a.o, (size_t)n * d);
+    }
+    for (int i = 0; i < 2; i++)
+        dev_free(w[i].a.g), dev_free(w[i].a.u), dev_free(w[i].a.s), dev_free(w[i].a.o), dev_free(w[i].y);
+    dev_free((void *)gate.data), dev_free((void *)up.data), dev_free((void *)down.data);
+    dev_free(gid), dev_free(xd), free(gi), free(x), free(y0);
 }
 
 // norm_matmul: the products whose blocks norm their input themselves (windows of up to 4 rows,
@@ -1080,6 +1151,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_get_rows),
             cmocka_unit_test(test_matmul),
             cmocka_unit_test(test_matmul_many), cmocka_unit_test(test_norm_matmul),
+            cmocka_unit_test(test_shared_ffn),
             cmocka_unit_test(test_matmul_mma),
             cmocka_unit_test(test_moe),
             cmocka_unit_test(test_moe_fold),

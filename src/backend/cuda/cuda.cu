@@ -37,6 +37,7 @@ void st_cuda_fail(st_cuda *c, cudaError_t e, const char *what, const char *file,
 
 static st_status cuda_sync(st_backend *b) {
     st_cuda *c = st_cuda_of(b);
+    st_cuda_join_shared(c);
     if (!c->capturing) ST_CU(c, cudaStreamSynchronize(c->stream));
     if (!c->err) return ST_OK;
     st_status s = st_fail(c->err, "%s", c->err_msg);
@@ -103,6 +104,7 @@ static void *cuda_upload(st_backend *b, const void *host, size_t bytes) {
 
 static void cuda_to_host(st_backend *b, void *host, const void *src, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
+    st_cuda_join_shared(c); // (src may be the shared expert's output)
     ST_CU(c, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     ST_CU(c, cudaStreamSynchronize(c->stream));
 }
@@ -149,6 +151,7 @@ static void cuda_host_free(st_backend *b, void *p) {
 
 static void cuda_to_host_async(st_backend *b, void *host, const void *src, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
+    st_cuda_join_shared(c);
     ST_CU(c, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     ST_CU(c, cudaEventRecord(c->copies, c->stream));
 }
@@ -372,6 +375,7 @@ static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) 
     c->capturing = true;
     st_cuda_trace_free(st_cuda_trace_take(c));
     st_status s = fn(ctx);
+    st_cuda_join_shared(c); // (a recording ends with every fork joined)
     c->capturing = false;
     st_cuda_trace_free(g->trace);
     g->trace = st_cuda_trace_take(c);
@@ -417,6 +421,8 @@ static void cuda_destroy(st_backend *b) {
     if (c->copies) cudaEventDestroy(c->copies);
     if (c->fork) cudaEventDestroy(c->fork);
     if (c->join) cudaEventDestroy(c->join);
+    if (c->sh_fork) cudaEventDestroy(c->sh_fork);
+    if (c->sh_join) cudaEventDestroy(c->sh_join);
     if (c->side) cudaStreamDestroy(c->side);
     if (c->h2d) cudaStreamSynchronize(c->h2d), cudaStreamDestroy(c->h2d);
     if (c->h2d_start) cudaEventDestroy(c->h2d_start);
@@ -460,6 +466,7 @@ static const st_backend_ops cuda_ops = {
     .mul_sigmoid = st_cuda_mul_sigmoid,
     .mul_silu = st_cuda_mul_silu,
     .add_gated_rows = st_cuda_add_gated_rows,
+    .shared_ffn = st_cuda_shared_ffn,
     .gdn_gates = st_cuda_gdn_gates,
     .split_heads = st_cuda_split_heads,
     .copy_cols = st_cuda_copy_cols,
@@ -478,6 +485,47 @@ static const st_backend_ops cuda_ops = {
     .hand_publish = cuda_hand_publish,
     .hand_collect = cuda_hand_collect,
 };
+
+// A decode window's shared expert on the side stream, forked after the router and joined before
+// the routed experts' down kernel, which adds its gated output: its products, swiglu and down
+// product (~10 us a layer in line on the H200 at the Next-80B-A3B shape) then overlap the routed
+// gate/up kernel, which leaves multiprocessors and memory bandwidth unused (2026-12-01, an
+// 8-layer model of that shape: decode +9%, ~8 us a layer; the same tokens). Its ops launch on
+// side by pointing the backend's stream there for the call (the windows' products quantize their
+// input in shared memory: no scratch buffer is shared with the main stream's kernels), without
+// programmatic launch (they follow an event). In line: larger windows, a hybrid layer's pending
+// publish (which has side), the profiling wrappers (their timers and labels follow the main
+// stream), and STRATA_SHARED_SIDE=0 (for tests and A/B runs); read once.
+#define SHARED_SIDE_ROWS 4 // (quant_matmul.cu's ST_MV_FUSED_MAX: inputs quantized in shared memory)
+static bool shared_side_on(void) {
+    static int on = -1;
+    if (on < 0) on = !env_is("STRATA_SHARED_SIDE", "0");
+    return on == 1;
+}
+
+void st_cuda_shared_ffn(st_backend *b, const st_shared_ffn_args *a) {
+    st_cuda *c = st_cuda_of(b);
+    if (!shared_side_on() || a->n > SHARED_SIDE_ROWS || c->joining || c->sh_pending || b->ops != &cuda_ops || c->err) {
+        st_shared_ffn_ops(b, a);
+        return;
+    }
+    ST_CU(c, cudaEventRecord(c->sh_fork, c->stream));
+    ST_CU(c, cudaStreamWaitEvent(c->side, c->sh_fork, 0));
+    cudaStream_t main_stream = c->stream;
+    bool pdl = c->pdl;
+    c->stream = c->side, c->pdl = false;
+    st_shared_ffn_ops(b, a);
+    c->stream = main_stream, c->pdl = pdl;
+    ST_CU(c, cudaEventRecord(c->sh_join, c->side));
+    c->sh_pending = true;
+}
+
+void st_cuda_join_shared(st_cuda *c) {
+    if (!c->sh_pending) return;
+    ST_CU(c, cudaStreamWaitEvent(c->stream, c->sh_join, 0));
+    c->sh_pending = false;
+}
+
 
 extern "C" bool st_cuda_available(void) { return true; }
 
@@ -600,6 +648,8 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->sh_fork, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->sh_join, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->h2d_start, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->h2d_end, cudaEventDisableTiming);

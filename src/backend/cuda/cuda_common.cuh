@@ -43,6 +43,10 @@ typedef struct st_cuda {
     cudaStream_t side;
     cudaEvent_t fork, join;
     bool joining;                // a publish on side that collect has not joined yet
+    // A decode window's shared expert also runs on side (st_cuda_shared_ffn), beside the routed
+    // experts' gate/up kernel, joined before the first kernel that reads its output.
+    cudaEvent_t sh_fork, sh_join;
+    bool sh_pending;             // forked, not joined yet
     // from_host_async's copies (adaptive expert swaps) run on h2d, after the work queued on
     // stream before each (h2d_start); h2d_end marks the last one.
     cudaStream_t h2d;
@@ -665,6 +669,12 @@ void st_cuda_trace_stop(st_cuda *c); // prints the table
 //   (positions come from pos_dev / pos ids in device memory, expert ids from ids).
 // - With more rows (prompt chunks) an op may synchronize and read device values on the host.
 #define ST_CUDA_GRAPH_ROWS 16
+
+// cuda.cu: the shared expert (on the side stream for decode windows), and the join every reader
+// of its output calls first (the moe op's down kernel, add_gated_rows,
+// the copies to the host, sync and the end of a recording).
+void st_cuda_shared_ffn(st_backend *b, const st_shared_ffn_args *a);
+void st_cuda_join_shared(st_cuda *c);
 
 // quant_matmul.cu: quantized weights
 void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y);

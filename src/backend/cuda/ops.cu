@@ -400,6 +400,7 @@ __global__ void add_gated_rows_kernel(float *y, const float *x, const float *g, 
 
 void st_cuda_add_gated_rows(st_backend *b, float *y, const float *x, const float *g, int n, int d) {
     st_cuda *c = st_cuda_of(b);
+    st_cuda_join_shared(c); // (x and g: the shared expert's output, perhaps on the side stream)
     if (n <= 0 || d <= 0) return;
     st_launch(c, add_gated_rows_kernel, grid_for((int64_t)n * d), 256, 0, y, x, g, n, d);
     ST_CU_LAUNCHED(c, "add_gated_rows");

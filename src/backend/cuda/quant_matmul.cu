@@ -2221,6 +2221,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     default: break;
     }
 
+    st_cuda_join_shared(c); // (the down kernel's combine adds the shared expert's output)
     st_moe2_args q = p;
     q.counts = NULL;
     // One row: the down kernel's blocks take their expert before they wait, where that is
@@ -2626,6 +2627,7 @@ void st_cuda_moe(st_backend *b, const st_moe_args *a) {
     bool gated = false;
     moe_dispatch(c, a, &gated);
     if (a->gated_o && !gated && !c->err) st_cuda_add_gated_rows(b, a->y, a->gated_o, a->gated_s, a->n, (int)a->gate->cols);
+    st_cuda_join_shared(c); // (a no-op where the output was read above; else ready for the ops after)
 }
 
 static void moe_dispatch(st_cuda *c, const st_moe_args *a, bool *gated) {
