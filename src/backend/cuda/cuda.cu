@@ -503,9 +503,20 @@ static bool shared_side_on(void) {
     return on == 1;
 }
 
+// Whether the window's products quantize their input in shared memory (quant_matmul.cu's
+// mmv2_launch: 16-byte aligned rows of whole blocks of 32, at most 48 KB of them with their
+// scales), so none of them touches the scratch buffer the main stream's kernels share;
+// STRATA_CUQ_OLD=1's kernels quantize into it.
+static bool shared_side_private(const st_shared_ffn_args *a) {
+    auto fits = [&](int64_t cols) { return cols % 32 == 0 && (size_t)a->n * cols * 5 / 4 <= 48 * 1024; };
+    return fits(a->gate->cols) && fits(a->down->cols) && ((uintptr_t)a->x & 15) == 0 && ((uintptr_t)a->g & 15) == 0 &&
+           !env_is("STRATA_CUQ_OLD", "1");
+}
+
 void st_cuda_shared_ffn(st_backend *b, const st_shared_ffn_args *a) {
     st_cuda *c = st_cuda_of(b);
-    if (!shared_side_on() || a->n > SHARED_SIDE_ROWS || c->joining || c->sh_pending || b->ops != &cuda_ops || c->err) {
+    if (!shared_side_on() || a->n > SHARED_SIDE_ROWS || c->joining || c->sh_pending || b->ops != &cuda_ops || c->err ||
+        !shared_side_private(a)) {
         st_shared_ffn_ops(b, a);
         return;
     }
