@@ -671,8 +671,8 @@ void st_cuda_trace_stop(st_cuda *c); // prints the table
 #define ST_CUDA_GRAPH_ROWS 16
 
 // cuda.cu: the shared expert (on the side stream for decode windows), and the join every reader
-// of its output calls first (the moe op's down kernel, add_gated_rows,
-// the copies to the host, sync and the end of a recording).
+// of its output calls first (the moe op's down kernel, add_gated_rows, the copies to the host,
+// sync and the end of a recording).
 void st_cuda_shared_ffn(st_backend *b, const st_shared_ffn_args *a);
 void st_cuda_join_shared(st_cuda *c);
 
