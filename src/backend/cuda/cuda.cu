@@ -537,7 +537,6 @@ void st_cuda_join_shared(st_cuda *c) {
     c->sh_pending = false;
 }
 
-
 extern "C" bool st_cuda_available(void) { return true; }
 
 // PCIe link of a device through sysfs (the runtime does not report it); 0 when unknown.
