@@ -1133,10 +1133,7 @@ static bool attn_old(void) {
 // STRATA_ATTN_EARLY=0: a first tile with new rows is read after the wait (attn_params.early_mix).
 static bool attn_early_mix(void) {
     static int mix = -1;
-    if (mix < 0) {
-        const char *e = getenv("STRATA_ATTN_EARLY");
-        mix = !(e && e[0] == '0');
-    }
+    if (mix < 0) mix = !st_env_is("STRATA_ATTN_EARLY", "0");
     return mix == 1;
 }
 

@@ -161,15 +161,10 @@ static void cuda_wait_copies(st_backend *b) {
     ST_CU(c, cudaEventSynchronize(c->copies));
 }
 
-static bool env_is(const char *name, const char *value) {
-    const char *v = getenv(name);
-    return v && !strcmp(v, value);
-}
-
 // STRATA_CLUSTER=0: no clusters (cuda_common.cuh); read once.
 bool st_cluster_on(void) {
     static int on = -1;
-    if (on < 0) on = !env_is("STRATA_CLUSTER", "0");
+    if (on < 0) on = !st_env_is("STRATA_CLUSTER", "0");
     return on == 1;
 }
 
@@ -293,7 +288,7 @@ static void cuda_hand_collect(st_backend *b, const st_hand_args *h) {
     st_cuda *c = st_cuda_of(b);
     if (c->joining) ST_CU(c, cudaStreamWaitEvent(c->stream, c->join, 0)); // publish on the side stream
     c->joining = false;
-    if (env_is("STRATA_HAND_NOCOLLECT", "1")) return;
+    if (st_env_is("STRATA_HAND_NOCOLLECT", "1")) return;
     st_launch(c, hand_collect_kernel, 1, 1024, 0, *h);
     ST_CU_LAUNCHED(c, "hand_collect_kernel");
 }
@@ -351,7 +346,7 @@ static void graph_launch(st_cuda *c, const cuda_graph *g) {
 
 static st_status cuda_run(st_backend *b, void **slot, st_work_fn fn, void *ctx) {
     st_cuda *c = st_cuda_of(b);
-    if (b->eager || env_is("STRATA_CUDA_GRAPHS", "0") || env_is("STRATA_CUDA_PROFILE", "1")) return fn(ctx);
+    if (b->eager || st_env_is("STRATA_CUDA_GRAPHS", "0") || st_env_is("STRATA_CUDA_PROFILE", "1")) return fn(ctx);
     cuda_graph *g = (cuda_graph *)*slot;
     if (!g) {
         g = (cuda_graph *)st_calloc(1, sizeof *g);
@@ -499,7 +494,7 @@ static const st_backend_ops cuda_ops = {
 #define SHARED_SIDE_ROWS 4 // (quant_matmul.cu's ST_MV_FUSED_MAX: inputs quantized in shared memory)
 static bool shared_side_on(void) {
     static int on = -1;
-    if (on < 0) on = !env_is("STRATA_SHARED_SIDE", "0");
+    if (on < 0) on = !st_env_is("STRATA_SHARED_SIDE", "0");
     return on == 1;
 }
 
@@ -510,7 +505,7 @@ static bool shared_side_on(void) {
 static bool shared_side_private(const st_shared_ffn_args *a) {
     auto fits = [&](int64_t cols) { return cols % 32 == 0 && (size_t)a->n * cols * 5 / 4 <= 48 * 1024; };
     return fits(a->gate->cols) && fits(a->down->cols) && ((uintptr_t)a->x & 15) == 0 && ((uintptr_t)a->g & 15) == 0 &&
-           !env_is("STRATA_CUQ_OLD", "1");
+           !st_env_is("STRATA_CUQ_OLD", "1");
 }
 
 void st_cuda_shared_ffn(st_backend *b, const st_shared_ffn_args *a) {
@@ -647,12 +642,12 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     c->device = device;
     c->reserve = reserve_bytes;
     const char *skip = getenv("STRATA_CUDA_SKIP");
-    bool timing = env_is("STRATA_CUDA_PROFILE", "1"), trace = env_is("STRATA_CUDA_TRACE", "1");
+    bool timing = st_env_is("STRATA_CUDA_PROFILE", "1"), trace = st_env_is("STRATA_CUDA_TRACE", "1");
     c->base.ops = timing || trace || (skip && *skip) ? st_cuda_profile_ops(&cuda_ops, timing, skip) : &cuda_ops;
     st_status s = ST_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
-    c->pdl = e == cudaSuccess && c->prop.major >= 9 && !env_is("STRATA_CUDA_PDL", "0");
+    c->pdl = e == cudaSuccess && c->prop.major >= 9 && !st_env_is("STRATA_CUDA_PDL", "0");
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copies, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "backend/backend.h"
@@ -539,6 +541,13 @@ template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(
     }
     if (dyn > (size_t)fa.maxDynamicSharedSizeBytes)
         ST_CU(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+}
+
+// Whether environment variable name is set to exactly value (the backend's switches, each read
+// once by its caller).
+static inline bool st_env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
 }
 
 // Launches kernel k on c->stream (with programmatic dependent launch when c->pdl); a failed

@@ -249,10 +249,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
 // (for tests and A/B runs); read once.
 static bool dn_fused_on(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("STRATA_DN_FUSED");
-        on = !(e && e[0] == '0');
-    }
+    if (on < 0) on = !st_env_is("STRATA_DN_FUSED", "0");
     return on == 1;
 }
 
