@@ -168,6 +168,14 @@ __device__ __forceinline__ float warp_sum_q(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// The same over each half of the warp, where the other half's lanes held zeros in warp_sum_q:
+// its first step's x + 0 (a -0 becomes +0) then the same partners, so the same bits.
+__device__ __forceinline__ float half_sum_q(float v) {
+    v += 0.0f;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 // Adds one unpacked chunk times activation row xr's chunk c to acc.
 template <int T>
@@ -361,6 +369,46 @@ struct st_norm_in {
     const float *w;
     float eps;
 };
+
+// One row x (+ y) normed and quantized from registers (decode: d / 4 <= ST_NQ_KEEP · blockDim):
+// the sums of rms_sumsq, the values of quant_split with the norm's scale (a · s · w), quantized
+// eight lanes a chunk (one float4 each) with quant_chunk4's operations in its order (the sum's
+// halves meet at lane ^ 4 first, then 2 and 1 as there): the same bits as norm_scales then
+// quant_split, with one round trip to L2 instead of two and the norm's weights (g, this thread's
+// float4 j = threadIdx.x + k · blockDim.x) loaded before the wait. Block 0 writes xo and xn.
+#define ST_NQ_KEEP 4 // float4 a thread: rows of up to 2,048 over 128 threads
+__device__ __forceinline__ void norm_quant_regs(const st_norm_in &nm, int d, const float4 (&g)[ST_NQ_KEEP], int8_t *q,
+                                                float2 *ds) {
+    float4 keep[ST_NQ_KEEP];
+    const bool b0 = blockIdx.x == 0;
+    float s = rms_scale(rms_sumsq<ST_NQ_KEEP>(nm.x, nm.y, b0 && nm.y ? nm.xo : NULL, d, true, keep), d, nm.eps);
+    const int d4 = d / 4, i8 = threadIdx.x & 7;
+    float4 *xn4 = b0 ? (float4 *)nm.xn : NULL;
+#pragma unroll
+    for (int k = 0; k < ST_NQ_KEEP; k++) {
+        if (k * (int)blockDim.x >= d4) break; // (the same for the whole block)
+        int j = threadIdx.x + k * blockDim.x;
+        bool ok = j < d4; // (the same for a chunk's eight lanes: d4 % 8 == 0)
+        float4 a = keep[k], w = g[k];
+        float4 v = make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
+        if (xn4 && ok) xn4[j] = v;
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        float sum = v.x + v.y + v.z + v.w;
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        float id, dq = st_q8_scale(amax, &id);
+        if (!ok) continue;
+        int c = j >> 3;
+        uint32_t b = st_q8_byte(v.x, id) | st_q8_byte(v.y, id) << 8 | st_q8_byte(v.z, id) << 16 | st_q8_byte(v.w, id) << 24;
+        *(uint32_t *)(q + (i8 < 4 ? c * 16 + 4 * i8 : d / 2 + c * 16 + 4 * (i8 - 4))) = b;
+        if (i8 == 0) ds[c] = make_float2(dq, sum);
+    }
+    __syncthreads(); // (the products read q and ds)
+}
 
 // The rows' scales into sc (nx, shared memory); block 0 writes xo and xn on the way.
 __device__ __forceinline__ void norm_scales(const st_norm_in &nm, int nx, int d, float *sc) {
@@ -611,6 +659,7 @@ struct st_mv2_args {
     int xbytes;
     // With norm.x (fused only): x (+ norm.y) scaled by the rows' norms and norm.w, quantized.
     st_norm_in norm;
+    bool regs; // one row, normed and quantized from registers (norm_quant_regs)
 };
 
 template <int T, int NX, int R>
@@ -645,6 +694,13 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     } else {
         prefetch_l2(src, bytes);
     }
+    float4 g[ST_NQ_KEEP]; // the norm's weights (never written by a kernel): loaded before the wait
+    if (NX == 1 && p.regs) {
+        const float4 *w4 = (const float4 *)p.norm.w;
+#pragma unroll
+        for (int k = 0; k < ST_NQ_KEEP; k++)
+            g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), p.cols / 4 - 1)] : make_float4(1, 1, 1, 1);
+    }
     // STRATA_CUDA_TRACE marks: 0 a first read of x arrived, 1 norm scales, 2 x quantized, 3 weights
     // landed, 4 input ready (barrier), 5 products done, 6 stored
     unsigned ts = st_pdl_begin();
@@ -654,7 +710,10 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     if (p.fused) {
         int8_t *sq = (int8_t *)mv_smem;
         float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
-        if (p.norm.x) {
+        if (NX == 1 && p.regs) {
+            norm_quant_regs(p.norm, p.cols, g, sq, sds);
+            st_trace_mark(ts, 1);
+        } else if (p.norm.x) {
             __shared__ float sc[ST_MV_FUSED_MAX];
             norm_scales(p.norm, nx, p.cols, sc);
             st_trace_mark(ts, 1);
@@ -740,6 +799,9 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
     } else if (n <= ST_MV_FUSED_MAX && xbytes <= ST_MV_SMEM_MAX) {
         if (nm) p.norm = *nm;
         p.fused = true;
+        // One row: normed and quantized from registers where they hold it (STRATA_NORM_REGS=0:
+        // never, for A/B runs; read at each launch, as decode records its launches once).
+        p.regs = nm && n == 1 && cols % 32 == 0 && cols / 4 <= ST_NQ_KEEP * 32 * ST_MV_WARPS && !env_is_0("STRATA_NORM_REGS");
         smem = align_up16(xbytes);
     } else {
         char *buf = (char *)st_cuda_scratch(c, ST_SCR_ACT, align_up16((size_t)n * cols) + sizeof(float2) * (size_t)n * (cols / 32));
@@ -1749,14 +1811,22 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
 // The rows of one expert (e, with m members s_asg) a block of moe2_kernel computes; with ready,
 // the members' rows are in shared memory already (moe2_one), or in p.hq (down, one row). With
 // sh (gate/up, one row), the outputs also go to sh[row within the tile].
-template <int T, int NX, bool GATE, int P, int W>
+// HW (one row's down, rows of at most 16 chunks): each half of a warp computes R rows of its
+// own, lane c of the half taking chunk c (rows of 32 chunks or fewer left half the lanes idle:
+// the Next-80B-A3B's down rows are 16 chunks long). A half's sums are the whole warp's were
+// (the idle lanes added zeros), so the outputs keep their bits.
+template <int T, int NX, bool GATE, int P, int W, bool HW = false>
 __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
                                           bool ready, unsigned ts, float *sh) {
-    constexpr int R = 2 * P;             // weight rows per warp
-    constexpr int WR = GATE ? P : 2 * P; // output rows per warp
+    static_assert(!HW || (!GATE && NX == 1), "half-warp rows: one row's down only");
+    constexpr int R = 2 * P;                         // weight rows per warp (a half: HW)
+    constexpr int WR = GATE ? P : HW ? 4 * P : 2 * P; // output rows per warp
+    constexpr int CL = HW ? 16 : 32;                 // lanes a row
     const int TT = NX == 1 ? 1 : p.tiles; // row tiles a block computes, one after another
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Weight row i (of R) of this warp in the block's tile tt; rows past the matrix read row 0.
+    const int half = HW ? lane >> 4 : 0, lc = HW ? lane & 15 : lane; // this lane's rows half * R .., its chunk
+    // Weight row i (of WR for down, R for gate/up) of this warp in the block's tile tt; rows past
+    // the matrix read row 0.
     auto row_ptr = [&](int tt, int i) -> const uint8_t * {
         int64_t r0 = ((int64_t)blockIdx.x * TT + tt) * (W * WR) + warp * WR;
         if (GATE) {
@@ -1766,15 +1836,16 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
         }
         return p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
     };
-    int nchunk = p.cols / 32, half = p.cols / 2;
-    // Every tile's rows are asked of L2 at once (lane j: row j % R of tile j / R).
+    int nchunk = p.cols / 32, hcols = p.cols / 2;
+    // Every tile's rows are asked of L2 at once (lane j: row j % PR of tile j / PR).
+    constexpr int PR = GATE ? R : WR;
     const int64_t rb = (int64_t)blockIdx.x * TT * (W * WR) + warp * WR;
     if (cuq_l2_hint) {
-        if (!p.early && lane < R * TT && rb + (int64_t)(lane / R) * (W * WR) < p.rows)
-            prefetch_l2_bulk(row_ptr(lane / R, lane % R), GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
-    } else if (!p.early && rb < p.rows && lane < nchunk) {
+        if (!p.early && lane < PR * TT && rb + (int64_t)(lane / PR) * (W * WR) < p.rows)
+            prefetch_l2_bulk(row_ptr(lane / PR, lane % PR), GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
+    } else if (!p.early && rb < p.rows && lc < nchunk) {
 #pragma unroll
-        for (int i = 0; i < R; i++) prefetch_chunk<T>(row_ptr(0, i), lane);
+        for (int i = 0; i < R; i++) prefetch_chunk<T>(row_ptr(0, half * R + i), lc);
     }
     int8_t *sq = (int8_t *)moe2_smem;
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
@@ -1794,13 +1865,13 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             if (r0 >= p.rows) break;
             const uint8_t *wr[R];
 #pragma unroll
-            for (int i = 0; i < R; i++) wr[i] = row_ptr(tt, i);
+            for (int i = 0; i < R; i++) wr[i] = row_ptr(tt, half * R + i);
             float acc[R][NX];
 #pragma unroll
             for (int i = 0; i < R; i++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
-            for (int c = lane; c < nchunk; c += 32) {
+            for (int c = lc; c < nchunk; c += CL) {
                 st_wchunk w[R];
 #pragma unroll
                 for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
@@ -1808,7 +1879,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                 for (int j = 0; j < NX; j++) {
                     if (j < gn) {
                         const int8_t *q = xq + (size_t)j * p.cols + c * 16;
-                        int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + half);
+                        int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + hcols);
                         float2 ds = xds[(size_t)j * nchunk + c];
 #pragma unroll
                         for (int i = 0; i < R; i++) acc[i][j] += chunk_dot_x<T>(w[i], x0, x1, ds);
@@ -1820,18 +1891,19 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             for (int j = 0; j < NX; j++) {
                 float s[R];
 #pragma unroll
-                for (int i = 0; i < R; i++) s[i] = warp_sum_q(acc[i][j]);
-                if (lane == 0 && j < gn) {
-                    float *o = p.out + (size_t)s_asg[g0 + j] * p.rows + r0;
+                for (int i = 0; i < R; i++) s[i] = HW ? half_sum_q(acc[i][j]) : warp_sum_q(acc[i][j]);
+                if (lc == 0 && j < gn) {
+                    float *o = p.out + (size_t)s_asg[g0 + j] * p.rows + r0 + half * R;
+                    float *shr = sh ? sh + half * R : NULL;
 #pragma unroll
-                    for (int i = 0; i < WR; i++) {
-                        if (r0 + i >= p.rows) break;
+                    for (int i = 0; i < (HW ? R : WR); i++) {
+                        if (r0 + half * R + i >= p.rows) break;
                         if (GATE) {
                             float v = s[2 * i] / (1.0f + expf(-s[2 * i])) * s[2 * i + 1];
                             o[i] = v;
                             if (sh) sh[warp * WR + i] = v;
                         } else if (sh) {
-                            sh[warp * WR + i] = s[i]; // (the cluster's combine reads them there)
+                            shr[warp * WR + i] = s[i]; // (the cluster's combine reads them there)
                         } else {
                             o[i] = s[i];
                         }
@@ -1899,7 +1971,9 @@ template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const s
 #endif
 
 // The body of both kernels below (W warps a block).
-template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
+template <int T, int NX, bool GATE, int P, int W, bool HW = false>
+__device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
+    constexpr int DR = W * (HW ? 4 : 2) * P; // a block's row tile (down)
     const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     __shared__ st_route_smem rs;
@@ -1910,7 +1984,7 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
     // ready, 5 products done, 6 stored, 7 counted in (down).
     unsigned ts;
     if (!GATE && NX == 1 && p.early) {
-        constexpr int ROWS = W * 2 * P;
+        constexpr int ROWS = DR;
         e = moe2_expert_early(p, rs);
         int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
         const uint8_t *rows0 = p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes;
@@ -1943,9 +2017,9 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
     constexpr bool HQ = GATE && NX == 1 && W * P == 32;
     // One row's down in a cluster: the tile's outputs stay in shared memory.
     constexpr bool CL = !GATE && NX == 1;
-    __shared__ __align__(16) float s_h[HQ ? 32 : CL ? W * 2 * P : 1];
+    __shared__ __align__(16) float s_h[HQ ? 32 : CL ? DR : 1];
     float *sh = HQ && p.hq ? s_h : CL && p.cluster ? s_h : NULL;
-    if (m > 0) moe2_rows<T, NX, GATE, P, W>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh);
+    if (m > 0) moe2_rows<T, NX, GATE, P, W, HW>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh);
     st_trace_mark(ts, 6);
     if (HQ && p.hq && m > 0) {
         __syncthreads();
@@ -1962,7 +2036,7 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
     }
 #if defined(ST_CLUSTERS)
     if (CL && p.cluster) {
-        moe2_cluster_combine<W * 2 * P>(p, s_h);
+        moe2_cluster_combine<DR>(p, s_h);
         st_trace_mark(ts, 7);
         st_trace_end();
         return;
@@ -1998,7 +2072,7 @@ template <int T, int NX, bool GATE, int P, int W> __device__ __forceinline__ voi
         return;
     }
     __threadfence();
-    const int TILE = (NX == 1 ? 1 : p.tiles) * W * 2 * P;
+    const int TILE = (NX == 1 ? 1 : p.tiles) * DR;
     constexpr int KB = 8; // outputs loaded at once
     int n = p.na / p.k;
     for (int t = threadIdx.x; t < n * TILE; t += blockDim.x) {
@@ -2037,9 +2111,9 @@ template <int T, int NX, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
     moe2_body<T, NX, GATE, P, ST_MOE2_WARPS>(p);
 }
-template <int T, int P>
+template <int T, int P, bool HW>
 __global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 5) moe2_down4_kernel(st_moe2_args p) {
-    moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS>(p);
+    moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS, HW>(p);
 }
 // The one-row eight-warp kernels of types that take more than 128 registers with the plain
 // bounds (Q8_0 194, Q6_K 183 for the gate/up: one block a multiprocessor, so the 30B-A3B's 192
@@ -2065,11 +2139,11 @@ static int moe2_warps(bool gate, int n) {
 }
 
 // Whether the four-warp down kernel of type T holds its values in 96 registers (no spill).
-template <int T, int P> static bool moe2_down_fits(void) {
+template <int T, int P, bool HW = false> static bool moe2_down_fits(void) {
     static int fits = -1;
     if (fits < 0) {
         cudaFuncAttributes a;
-        fits = cudaFuncGetAttributes(&a, moe2_down4_kernel<T, P>) == cudaSuccess &&
+        fits = cudaFuncGetAttributes(&a, moe2_down4_kernel<T, P, HW>) == cudaSuccess &&
                a.localSizeBytes <= 16;
         cudaGetLastError();
     }
@@ -2108,14 +2182,17 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     // windows, whose blocks take p.tiles row tiles in turn instead (see moe2_tiles).
     constexpr int P1 = 4;
     int W = moe2_warps(GATE, n);
-    if constexpr (!GATE)
+    bool hw = false; // the four-warp down kernel with half-warp rows (moe2_rows: HW)
+    if constexpr (!GATE) {
         if (W == ST_MOE2_DOWN_WARPS && !moe2_down_fits<T, P1>()) W = ST_MOE2_WARPS;
-    int rows_per_block = W * (GATE ? 1 : 2) * (n == 1 ? P1 : 1) * p.tiles;
+        hw = W == ST_MOE2_DOWN_WARPS && p.cols <= 16 * 32 && !env_is_0("STRATA_MOE_HALF") && moe2_down_fits<T, P1, true>();
+    }
+    int rows_per_block = W * (GATE ? 1 : hw ? 4 : 2) * (n == 1 ? P1 : 1) * p.tiles;
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
     if constexpr (!GATE)
         if (n == 1 && p.y) { // the combine in clusters of the k slots where they fit
-            auto k = W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1>
+            auto k = hw ? moe2_down4_kernel<T, P1, true> : W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1, false>
                    : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
             st_moe2_args q = p;
             q.cluster = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
@@ -2126,7 +2203,8 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
         }
     if constexpr (!GATE)
         if (W == ST_MOE2_DOWN_WARPS) {
-            st_launch(c, moe2_down4_kernel<T, P1>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
+            if (hw) st_launch(c, moe2_down4_kernel<T, P1, true>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
+            else st_launch(c, moe2_down4_kernel<T, P1, false>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
             ST_CU_LAUNCHED(c, "moe2_kernel");
             return;
         }
