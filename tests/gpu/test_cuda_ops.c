@@ -686,7 +686,8 @@ static void run_attention_gated(const gated_case *gc) {
         float *out = malloc(sizeof(float) * nq), *y = malloc(sizeof(float) * ny);
         st_attn_args a = {.kv = &kc, .pos_dev = &pos_h, .q = qc, .k = kcp, .v = v, .out = out, .n = n, .pos0 = pos,
                           .n_head = H, .scale = 1.0f / sqrtf((float)D), .gated = true, .wo = &wc, .y = y};
-        if (gc->qk_norm) a.q_norm = qn, a.k_norm = kn, a.pos = rp, a.n_rot = gc->n_rot, a.rope_base = 1e7f, a.eps = 1e-6f;
+        if (gc->qk_norm)
+            a.q_norm = qn, a.k_norm = kn, a.pos = rp, a.n_rot = gc->n_rot, a.rope_base = 1e7f, a.eps = 1e-6f;
         cpu->ops->attention(cpu, &a);
         // The GPU: the gated op with wo, then without (the same rows stored again at the same
         // positions), each on the raw q and k.
@@ -733,7 +734,8 @@ static void run_attention_gated(const gated_case *gc) {
         for (int kvi = 0; kvi < 2; kvi++) {
             dev_get(cg, (char *)(kvi ? kg.v : kg.k) + off, rows_bytes);
             dev_get(cr, (char *)(kvi ? kr.v : kr.k) + off, rows_bytes);
-            if (memcmp(cg, cr, rows_bytes)) fail_msg("%s: the %s cache rows differ from the separate ops'", what, kvi ? "v" : "k");
+            if (memcmp(cg, cr, rows_bytes))
+                fail_msg("%s: the %s cache rows differ from the separate ops'", what, kvi ? "v" : "k");
         }
         free(cg), free(cr);
         bool loose = gc->type == ST_KV_Q8_0 || gc->qk_norm, chunk = n > 16;

@@ -110,7 +110,8 @@ static void run_gated_case(st_backend *b, const gated_case *gc) {
         snprintf(what, sizeof what, "gated attention %s H=%d Hkv=%d D=%d norms=%d call %d: n=%d at pos %d",
                  gc->type == ST_KV_F16 ? "f16" : gc->type == ST_KV_Q8_0 ? "q8_0" : "f32", H, Hkv, D, gc->qk_norm, ci, n,
                  pos);
-        fail_if_differs(what, "outputs with wo and split_heads + attention + mul_sigmoid", out[0], out[1], sizeof(float) * nq);
+        fail_if_differs(what, "outputs with wo and split_heads + attention + mul_sigmoid", out[0], out[1],
+                        sizeof(float) * nq);
         fail_if_differs(what, "outputs with and without wo", out[0], out[2], sizeof(float) * nq);
         fail_if_differs(what, "y with wo and from the separate matmul", y[0], y[1], sizeof(float) * ny);
         for (size_t i = 0; i < ny; i++)

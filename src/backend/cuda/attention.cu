@@ -827,7 +827,7 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1 && !p->counters) {
         st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, S::D,
-                                                                                   ns, p->pos_dev, p->n, p->min_chunk, p->gate);
+                  ns, p->pos_dev, p->n, p->min_chunk, p->gate);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
@@ -1132,7 +1132,7 @@ static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
     ST_CU_LAUNCHED(c, "attention (tensor cores)");
     if (ns > 1) {
         st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, D, ns,
-                                                                                   p->pos_dev, p->n, BK, p->gate);
+                  p->pos_dev, p->n, BK, p->gate);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
