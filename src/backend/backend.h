@@ -50,10 +50,15 @@ typedef struct st_kv_layer {
 // With q_norm set, q and k are the raw projections: the op first applies Qwen3's per-head norms
 // and the rotary embedding, as norm_rope does (q_norm / k_norm, n_rot, rope_base, eps, row i at
 // position pos[i]), overwriting q and k.
+// With gated set (Qwen3-Next's gated attention), q is the gated q projection's rows as they are:
+// (n, n_head, 2 head_dim), each head's query followed by its gate. The norms and RoPE apply to
+// the queries only, and out = softmax(query·kᵀ·scale)·v ⊙ sigmoid(gate) per head, elementwise
+// (mul_sigmoid's arithmetic), before the output projection: the values of split_heads,
+// attention, mul_sigmoid and matmul one after another, in one op.
 typedef struct st_attn_args {
     st_kv_layer *kv;
     const int32_t *pos_dev; // (1) pos0, backend memory
-    float *q;          // (n, n_head, head_dim)
+    float *q;          // (n, n_head, head_dim); with gated (n, n_head, 2 head_dim): [query | gate]
     float *k;          // (n, n_head_kv, head_dim)
     const float *v;    // (n, n_head_kv, head_dim)
     float *out;        // (n, n_head, head_dim)
@@ -63,8 +68,9 @@ typedef struct st_attn_args {
     const int32_t *pos;           // (n) backend memory
     int n_rot;
     float rope_base, eps;
-    // The output projection, or NULL: y (n, wo->rows) = wo · out after the attention (out is
-    // still written). A backend may hand out to it quantized as it writes it.
+    bool gated;                   // q holds [query | gate] per head: out is gated (see above)
+    // The output projection, or NULL: y (n, wo->rows) = wo · out after the attention (and the
+    // gate; out is still written). A backend may hand out to it quantized as it writes it.
     const st_mat *wo;
     float *y;
 } st_attn_args;

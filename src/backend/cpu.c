@@ -111,13 +111,35 @@ static void cpu_norm_matmul(st_backend *b, const float *x, const float *y, float
     if (nw > 0) cpu_matmul_many(b, nw, w, xn, n, out);
 }
 
-static void cpu_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
-                     const int32_t *pos, float base);
+// RoPE (cpu_rope) on heads hs floats apart: head h of row i at x + (i * n_head + h) * hs, so
+// hs = head_dim for (n, n_head, head_dim) and 2 head_dim for the gated attention's queries, each
+// followed by its gate.
+static void rope_heads(float *x, int n, int n_head, int hs, int n_rot, const int32_t *pos, float base) {
+    int half = n_rot / 2;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < half; k++) {
+            double theta = pos[i] * pow(base, -2.0 * k / n_rot);
+            float c = (float)cos(theta), s = (float)sin(theta);
+            for (int h = 0; h < n_head; h++) {
+                float *xh = x + ((size_t)i * n_head + h) * hs;
+                float x0 = xh[k], x1 = xh[k + half];
+                xh[k] = x0 * c - x1 * s;
+                xh[k + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}
+
+// norm_rope on heads hs floats apart (as rope_heads): the rmsnorm of each head, then the rotation.
+static void norm_rope_heads(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int hs,
+                            int n_rot, const int32_t *pos, float base, float eps) {
+    for (int i = 0; i < n * n_head; i++) cpu_rmsnorm(b, x + (size_t)i * hs, w, x + (size_t)i * hs, 1, head_dim, eps);
+    rope_heads(x, n, n_head, hs, n_rot, pos, base);
+}
 
 static void cpu_norm_rope(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
                           const int32_t *pos, float base, float eps) {
-    cpu_rmsnorm(b, x, w, x, n * n_head, head_dim, eps);
-    cpu_rope(b, x, n, n_head, head_dim, n_rot, pos, base);
+    norm_rope_heads(b, x, w, n, n_head, head_dim, head_dim, n_rot, pos, base, eps);
 }
 
 static void cpu_l2norm(st_backend *b, float *x, int n, int d, float eps, float scale) {
@@ -135,19 +157,7 @@ static void cpu_l2norm(st_backend *b, float *x, int n, int d, float eps, float s
 static void cpu_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int n_rot,
                      const int32_t *pos, float base) {
     (void)b;
-    int half = n_rot / 2;
-    for (int i = 0; i < n; i++) {
-        for (int k = 0; k < half; k++) {
-            double theta = pos[i] * pow(base, -2.0 * k / n_rot);
-            float c = (float)cos(theta), s = (float)sin(theta);
-            for (int h = 0; h < n_head; h++) {
-                float *xh = x + ((size_t)i * n_head + h) * head_dim;
-                float x0 = xh[k], x1 = xh[k + half];
-                xh[k] = x0 * c - x1 * s;
-                xh[k + half] = x1 * c + x0 * s;
-            }
-        }
-    }
+    rope_heads(x, n, n_head, head_dim, n_rot, pos, base);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,6 +221,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
     const st_attn_args *a = job->a;
     const st_kv_layer *kv = a->kv;
     int d = kv->head_dim, G = a->n_head / kv->n_head_kv, H = a->n_head;
+    int qs = a->gated ? 2 * d : d; // from one (row, head)'s query to the next
     float *kt = job->scratch + (size_t)ith * job->per_thread, *vt = kt + ATTN_TILE * d, *st = vt + ATTN_TILE * d;
     for (int task = ith; task < kv->n_head_kv * job->n_blocks; task += nth) {
         int hk = task % kv->n_head_kv, r0 = task / kv->n_head_kv * ATTN_ROWS;
@@ -230,7 +241,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
                 int seen = a->pos0 + r0 + r - t0 + 1; // this row attends to positions <= its own
                 int tmax = seen < tn ? seen : tn;
                 for (int g = 0; g < G && tmax > 0; g++) {
-                    const float *q = a->q + ((size_t)(r0 + r) * H + hk * G + g) * d;
+                    const float *q = a->q + ((size_t)(r0 + r) * H + hk * G + g) * qs;
                     float *S = st + (size_t)(r * G + g) * (d + 2), *acc = S + 2, m = S[0], l = S[1];
                     // The tile's scores first, then one rescale for the tile's maximum (not
                     // one per key that raises it).
@@ -257,8 +268,12 @@ static void attn_worker(void *ctx, int ith, int nth) {
         for (int r = 0; r < nr; r++)
             for (int g = 0; g < G; g++) {
                 const float *S = st + (size_t)(r * G + g) * (d + 2);
-                float *o = a->out + ((size_t)(r0 + r) * H + hk * G + g) * d;
+                size_t rh = (size_t)(r0 + r) * H + hk * G + g; // (row, head)
+                float *o = a->out + rh * d;
                 for (int j = 0; j < d; j++) o[j] = S[2 + j] / S[1];
+                if (!a->gated) continue;
+                const float *gate = a->q + rh * qs + d; // cpu_mul_sigmoid's arithmetic on the stored value
+                for (int j = 0; j < d; j++) o[j] *= 1.0f / (1.0f + expf(-gate[j]));
             }
     }
 }
@@ -267,7 +282,8 @@ static void cpu_attention(st_backend *b, const st_attn_args *a) {
     st_kv_layer *kv = a->kv;
     int nv = kv->n_head_kv * kv->head_dim;
     if (a->q_norm) {
-        cpu_norm_rope(b, a->q, a->q_norm, a->n, a->n_head, kv->head_dim, a->n_rot, a->pos, a->rope_base, a->eps);
+        int qs = a->gated ? 2 * kv->head_dim : kv->head_dim; // the queries only, not their gates
+        norm_rope_heads(b, a->q, a->q_norm, a->n, a->n_head, kv->head_dim, qs, a->n_rot, a->pos, a->rope_base, a->eps);
         cpu_norm_rope(b, a->k, a->k_norm, a->n, kv->n_head_kv, kv->head_dim, a->n_rot, a->pos, a->rope_base, a->eps);
     }
     ST_ASSERT(a->pos0 >= 0 && a->pos0 + a->n <= kv->n_ctx);

@@ -255,21 +255,17 @@ static void attention(st_state *s, int il, const st_layer *l, int n, int pos0, b
     const st_hparams *hp = &s->m->hp;
     int H = hp->n_head, hd = hp->head_dim;
     bool gated = hp->arch == ST_ARCH_QWEN3NEXT;
-    // The gated form's q projection holds [query | gate] per head.
+    // The gated form's q projection holds [query | gate] per head; the op reads both in place and
+    // gates its output before the output projection.
+    float *q = gated ? s->big : s->q;
     const st_mat *w[] = {&l->wq, &l->wk, &l->wv};
-    float *y[] = {gated ? s->big : s->q, s->k, s->v};
+    float *y[] = {q, s->k, s->v};
     block_input(s, add, l->attn_norm, n, 3, w, y);
-    if (gated) OP(split_heads, s->big, s->q, s->gate, n, H, hd, hd);
-    // The output projection joins the op where no gate comes between.
-    st_attn_args a = {.kv = &s->kv[il], .pos_dev = s->kv_pos, .q = s->q, .k = s->k, .v = s->v, .out = s->att,
+    st_attn_args a = {.kv = &s->kv[il], .pos_dev = s->kv_pos, .q = q, .k = s->k, .v = s->v, .out = s->att,
                       .n = n, .pos0 = pos0, .n_head = H, .scale = 1.0f / sqrtf((float)hd),
                       .q_norm = l->q_norm, .k_norm = l->k_norm, .pos = s->pos_ids, .n_rot = hp->n_rot,
-                      .rope_base = hp->rope_base, .eps = hp->eps, .wo = gated ? NULL : &l->wo, .y = s->y};
+                      .rope_base = hp->rope_base, .eps = hp->eps, .gated = gated, .wo = &l->wo, .y = s->y};
     OP(attention, &a);
-    if (gated) {
-        OP(mul_sigmoid, s->att, s->gate, (int64_t)n * H * hd);
-        OP(matmul, &l->wo, s->att, n, s->y);
-    }
 }
 
 // Gated DeltaNet (qwen3next) of n rows: block_input -> y.

@@ -633,6 +633,142 @@ static void test_attention_wo(void **st) {
     run_attention_wo(40, whole);
 }
 
+// The gated attention (st_attn_args.gated, Qwen3-Next): the op reads the q projection's rows,
+// [query | gate] per head, in place and gates its output. On the GPU its out and y must equal,
+// bit for bit, the GPU's split_heads, attention, mul_sigmoid and matmul one after another (the
+// forward's ops before: the gate is applied with mul_sigmoid_kernel's arithmetic wherever the
+// output is written), out the same without wo, and the cache the same bytes; against the CPU's
+// gated op within the bounds of the tests above. Decode steps before and after the context is
+// split among blocks (cluster merges, or for head size 96 the counting merge), windows, and
+// prompt chunks (the tensor-core kernel and its combine; FP32 for head size 96). With
+// STRATA_CLUSTER=0 or STRATA_ATTN_OLD=1 (tests/gpu/run.sh) the other merges run.
+typedef struct gated_case {
+    int H, Hkv, D, n_rot, n_ctx;
+    st_kv_type type;
+    bool qk_norm;
+    const int *calls; // row counts, 0-terminated
+} gated_case;
+
+static void run_attention_gated(const gated_case *gc) {
+    const int H = gc->H, Hkv = gc->Hkv, D = gc->D, nv = Hkv * D, cols = H * D, rows = 200;
+    st_kv_layer kc = {.type = gc->type, .n_ctx = gc->n_ctx, .n_head_kv = Hkv, .head_dim = D,
+                      .row_bytes = st_kv_row_bytes(gc->type, nv)};
+    st_kv_layer kg = kc, kr = kc; // the GPU's gated op (kg) and its ops one after another (kr)
+    size_t cache_bytes = kc.row_bytes * (size_t)gc->n_ctx;
+    kc.k = calloc(1, cache_bytes), kc.v = calloc(1, cache_bytes);
+    kg.k = dev_put(NULL, cache_bytes), kg.v = dev_put(NULL, cache_bytes);
+    kr.k = dev_put(NULL, cache_bytes), kr.v = dev_put(NULL, cache_bytes);
+    gpu->ops->zero(gpu, kg.k, cache_bytes), gpu->ops->zero(gpu, kg.v, cache_bytes);
+    gpu->ops->zero(gpu, kr.k, cache_bytes), gpu->ops->zero(gpu, kr.v, cache_bytes);
+    float *wf = rand_buf((size_t)rows * cols, -1, 1);
+    size_t rb = st_row_bytes(ST_TYPE_Q8_0, cols);
+    char *wq = malloc(rb * rows);
+    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * cols, wq + (size_t)r * rb, cols);
+    st_mat wc = {ST_TYPE_Q8_0, cols, rows, rb, wq}, wg = wc;
+    wg.data = dev_put(wq, rb * rows);
+    float *qn = rand_buf(D, 0.5f, 1.5f), *kn = rand_buf(D, 0.5f, 1.5f);
+    float *dqn = dev_put(qn, sizeof(float) * D), *dkn = dev_put(kn, sizeof(float) * D);
+    int32_t *dpos = dev_put(NULL, sizeof(int32_t));
+    int pos = 0;
+    for (int ci = 0; gc->calls[ci]; ci++) {
+        int n = gc->calls[ci];
+        size_t nq = (size_t)n * H * D, nk = (size_t)n * nv, ny = (size_t)n * rows;
+        float *big = rand_buf(2 * nq, -1, 1), *k = rand_buf(nk, -1, 1), *v = rand_buf(nk, -1, 1);
+        for (size_t i = 0; i < nk; i += 7) k[i] *= 4;       // some larger logits: a softmax that is not flat
+        for (size_t i = 0; i < 2 * nq; i += 5) big[i] *= 6; // gates well into sigmoid's tails too
+        int32_t *rp = malloc(sizeof(int32_t) * n);
+        for (int i = 0; i < n; i++) rp[i] = pos + i;
+        int32_t pos_h = pos;
+        gpu->ops->from_host(gpu, dpos, &pos_h, sizeof pos_h);
+        // The CPU's gated op (it norms q and k in place: copies).
+        float *qc = malloc(sizeof(float) * 2 * nq), *kcp = malloc(sizeof(float) * nk);
+        memcpy(qc, big, sizeof(float) * 2 * nq), memcpy(kcp, k, sizeof(float) * nk);
+        float *out = malloc(sizeof(float) * nq), *y = malloc(sizeof(float) * ny);
+        st_attn_args a = {.kv = &kc, .pos_dev = &pos_h, .q = qc, .k = kcp, .v = v, .out = out, .n = n, .pos0 = pos,
+                          .n_head = H, .scale = 1.0f / sqrtf((float)D), .gated = true, .wo = &wc, .y = y};
+        if (gc->qk_norm)
+            a.q_norm = qn, a.k_norm = kn, a.pos = rp, a.n_rot = gc->n_rot, a.rope_base = 1e7f, a.eps = 1e-6f;
+        cpu->ops->attention(cpu, &a);
+        // The GPU: the gated op with wo, then without (the same rows stored again at the same
+        // positions), each on the raw q and k.
+        float *dbig = dev_put(NULL, sizeof(float) * 2 * nq), *dk = dev_put(NULL, sizeof(float) * nk);
+        float *dv = dev_put(v, sizeof(float) * nk), *dout = dev_put(NULL, sizeof(float) * nq);
+        float *dy = dev_put(NULL, sizeof(float) * ny), *dq = dev_put(NULL, sizeof(float) * nq);
+        float *dgate = dev_put(NULL, sizeof(float) * nq);
+        int32_t *drp = dev_put(rp, sizeof(int32_t) * n);
+        float *o1 = malloc(sizeof(float) * nq), *o2 = malloc(sizeof(float) * nq), *o3 = malloc(sizeof(float) * nq);
+        float *y1 = malloc(sizeof(float) * ny), *y2 = malloc(sizeof(float) * ny);
+        st_attn_args b = a;
+        b.kv = &kg, b.pos_dev = dpos, b.q = dbig, b.k = dk, b.v = dv, b.out = dout, b.wo = &wg, b.y = dy;
+        if (gc->qk_norm) b.q_norm = dqn, b.k_norm = dkn, b.pos = drp;
+        gpu->ops->from_host(gpu, dbig, big, sizeof(float) * 2 * nq), gpu->ops->from_host(gpu, dk, k, sizeof(float) * nk);
+        gpu->ops->attention(gpu, &b);
+        dev_get(o1, dout, sizeof(float) * nq), dev_get(y1, dy, sizeof(float) * ny);
+        gpu->ops->from_host(gpu, dbig, big, sizeof(float) * 2 * nq), gpu->ops->from_host(gpu, dk, k, sizeof(float) * nk);
+        b.wo = NULL, b.y = NULL;
+        gpu->ops->attention(gpu, &b);
+        dev_get(o3, dout, sizeof(float) * nq);
+        // The GPU's ops one after another, on a cache of their own.
+        gpu->ops->from_host(gpu, dbig, big, sizeof(float) * 2 * nq), gpu->ops->from_host(gpu, dk, k, sizeof(float) * nk);
+        gpu->ops->split_heads(gpu, dbig, dq, dgate, n, H, D, D);
+        b.kv = &kr, b.q = dq, b.gated = false;
+        gpu->ops->attention(gpu, &b);
+        gpu->ops->mul_sigmoid(gpu, dout, dgate, (int64_t)nq);
+        gpu->ops->matmul(gpu, &wg, dout, n, dy);
+        dev_get(o2, dout, sizeof(float) * nq), dev_get(y2, dy, sizeof(float) * ny);
+
+        char what[160];
+        snprintf(what, sizeof what, "gated attention %s H=%d Hkv=%d D=%d norms=%d (context %d): n=%d at pos %d",
+                 kv_name(gc->type), H, Hkv, D, gc->qk_norm, gc->n_ctx, n, pos);
+        for (size_t i = 0; i < nq; i++) {
+            if (memcmp(&o1[i], &o2[i], sizeof(float)))
+                fail_msg("%s: out[%zu] = %.9g, %.9g from split_heads + attention + mul_sigmoid", what, i, o1[i], o2[i]);
+            if (memcmp(&o1[i], &o3[i], sizeof(float)))
+                fail_msg("%s: out[%zu] = %.9g with wo, %.9g without", what, i, o1[i], o3[i]);
+        }
+        for (size_t i = 0; i < ny; i++)
+            if (memcmp(&y1[i], &y2[i], sizeof(float)))
+                fail_msg("%s: y[%zu] = %.9g with wo, %.9g from the separate ops", what, i, y1[i], y2[i]);
+        size_t rows_bytes = kc.row_bytes * (size_t)n, off = kc.row_bytes * (size_t)pos;
+        char *cg = malloc(rows_bytes), *cr = malloc(rows_bytes);
+        for (int kvi = 0; kvi < 2; kvi++) {
+            dev_get(cg, (char *)(kvi ? kg.v : kg.k) + off, rows_bytes);
+            dev_get(cr, (char *)(kvi ? kr.v : kr.k) + off, rows_bytes);
+            if (memcmp(cg, cr, rows_bytes))
+                fail_msg("%s: the %s cache rows differ from the separate ops'", what, kvi ? "v" : "k");
+        }
+        free(cg), free(cr);
+        bool loose = gc->type == ST_KV_Q8_0 || gc->qk_norm, chunk = n > 16;
+        check(what, out, o1, nq, loose ? 2e-3 : 2e-5, loose ? 1e-3 : 1e-4);
+        check(what, y, y1, ny, chunk ? 0.4 : 5e-2, chunk ? 3e-2 : 1e-2);
+        check_cache(what, &kc, kc.k, kg.k, pos, pos + n, gc->qk_norm);
+        check_cache(what, &kc, kc.v, kg.v, pos, pos + n, false);
+        pos += n;
+        dev_free(dbig), dev_free(dk), dev_free(dv), dev_free(dout), dev_free(dy), dev_free(dq), dev_free(dgate);
+        dev_free(drp);
+        free(big), free(k), free(v), free(rp), free(qc), free(kcp), free(out), free(y);
+        free(o1), free(o2), free(o3), free(y1), free(y2);
+    }
+    dev_free(kg.k), dev_free(kg.v), dev_free(kr.k), dev_free(kr.v), dev_free(dpos), dev_free(dqn), dev_free(dkn);
+    dev_free((void *)wg.data);
+    free(kc.k), free(kc.v), free(wf), free(wq), free(qn), free(kn);
+}
+
+static void test_attention_gated(void **st) {
+    (void)st;
+    static const int split[] = {1, 1, 5, 64, 1, 600, 1, 1, 5, 100, 1, 0}; // to 780: split among blocks
+    static const int whole[] = {1, 1, 3, 16, 1, 5, 0};                    // one block a head
+    static const gated_case cases[] = {
+        {16, 2, 256, 64, 1024, ST_KV_F16, true, split}, // Qwen3-Next: head_dim 256, a quarter rotated
+        {16, 2, 256, 64, 1024, ST_KV_Q8_0, true, split},
+        {16, 2, 256, 64, 40, ST_KV_F16, true, whole},
+        {32, 4, 128, 128, 1024, ST_KV_F16, false, split}, // head_dim 128, q and k ready
+        {32, 4, 128, 32, 40, ST_KV_Q8_0, true, whole},
+        {8, 2, 96, 32, 1024, ST_KV_F16, true, split}, // no cluster kernels: the counting merge, FP32 chunks
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attention_gated(&cases[i]);
+}
+
 static void test_attention(void **st) {
     (void)st;
     static const int short_calls[] = {17, 1, 1, 3, 16, 100, 1, 5, 0};
@@ -1063,7 +1199,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_gated_rows_and_gates),
             cmocka_unit_test(test_copies),        cmocka_unit_test(test_moe_route),
             cmocka_unit_test(test_argmax),        cmocka_unit_test(test_attention),
-            cmocka_unit_test(test_attention_wo),
+            cmocka_unit_test(test_attention_wo),  cmocka_unit_test(test_attention_gated),
             cmocka_unit_test(test_gdn_step),      cmocka_unit_test(test_gdn_chunked),
             cmocka_unit_test(test_deltanet),
         };

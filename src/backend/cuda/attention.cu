@@ -1,7 +1,7 @@
 // backend/cuda: causal attention over the KV cache (f16, q8_0 or f32 rows): the new rows are
 // stored first, then a flash-attention kernel (FP32 for decode windows, tensor cores for prompt
 // chunks and large windows; the context split across blocks when the grid would be small) and a
-// combine kernel for the splits.
+// combine kernel for the splits. Whichever writes the output applies Qwen3-Next's gate to it.
 
 #include <math.h>
 #include <stdlib.h>
@@ -69,7 +69,7 @@ typedef struct attn_params {
     size_t row_bytes;
     int kv_type;           // st_kv_type
     const int32_t *pos_dev;
-    const float *q;        // (n, H, D)
+    const float *q;        // (n, H, D); (n, H, 2 D) with the gates after the queries (gate)
     float *out;            // (n, H, D), written when ns == 1
     float *part;           // (ns, n, H, D + 2): m, l, acc of each split, when ns > 1
     // Fused store (FP32 kernel, f16 / f32 cache): the new rows pos0 .. pos0+n-1 come from these
@@ -102,6 +102,11 @@ typedef struct attn_params {
     // their partials through shared memory (attn_cluster_merge); where more than one cluster
     // holds positions, each cluster's merged partial counts in through L2 as one split did.
     int cs;
+    // The gated attention (st_attn_args.gated): q + D, so (row, head) rh's gate is at gate +
+    // rh · 2 D, and whichever writes the output multiplies it by sigmoid(gate) (mul_sigmoid_kernel's
+    // arithmetic, on the value out would hold). NULL: not gated. The attention kernels run their
+    // GATE instances for it (queries 2 D apart), so the others' code and registers stay as they were.
+    const float *gate;
 } attn_params;
 
 // Zero at load; the last block of each (query tile, kv head) puts its counter back to zero, so
@@ -251,13 +256,20 @@ __device__ __forceinline__ void attn_norm_rope(const float *x, const float *w, c
     __syncwarp();
 }
 
-// A warp stores row-head rh's outputs (lane holding elements e·32 + lane: v[e]) to out and,
-// with p.oq, quantized: each e is one chunk of 32 of the row (H·D wide). The sum follows
-// quant_split's order (lanes of four consecutive values, butterflied at 4, 2, 1 of those lanes),
-// so the output projection gets the bits it would have quantized itself.
-template <int EPL>
-__device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, const float (&v)[EPL], int lane) {
+// A warp stores row-head rh's outputs (lane holding elements e·32 + lane: a[e]), with GATE times
+// their gates, to out and, with p.oq, quantized: each e is one chunk of 32 of the row (H·D wide).
+// The sum follows quant_split's order (lanes of four consecutive values, butterflied at 4, 2, 1 of
+// those lanes), so the output projection gets the bits it would have quantized itself.
+template <int EPL, bool GATE>
+__device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, const float (&a)[EPL], int lane) {
     constexpr int D = EPL * 32;
+    float v[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) v[e] = a[e];
+    if constexpr (GATE) { // as mul_sigmoid_kernel multiplies the stored output
+#pragma unroll
+        for (int e = 0; e < EPL; e++) v[e] *= sigmoidf_(p.gate[rh * 2 * D + e * 32 + lane]);
+    }
 #pragma unroll
     for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = v[e];
     if (!p.oq) return;
@@ -339,7 +351,7 @@ __device__ __forceinline__ float2 attn_merge(float2 ml, int ns, F acc_of, float 
 // splits that hold positions, reading the others' shared memory. When all the positions are in
 // this cluster (every short context), that is the output; else the merged partial counts in
 // through L2 like one split of the counting path, and the last block merges the clusters'.
-template <int EPL, int QPW>
+template <int EPL, int QPW, bool GATE>
 __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const float (&m)[QPW], const float (&l)[QPW],
                                                const float (&acc)[QPW][EPL], int T, unsigned ts) {
     typedef attn_shape<EPL, QPW> S;
@@ -376,7 +388,7 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
         if (whole) {
 #pragma unroll
             for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
-            attn_store_out<EPL>(p, rh, a, lane);
+            attn_store_out<EPL, GATE>(p, rh, a, lane);
         } else {
             float *pp = p.part + ((size_t)(c0 / cs) * p.n * p.H + rh) * PS;
             if (lane == 0) pp[0] = ML.x, pp[1] = ML.y;
@@ -403,20 +415,20 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
         float2 ML = attn_merge<EPL>(ml, nc, [&](int s2) { return base + s2 * ss + 2; }, a); // (nc <= 32)
 #pragma unroll
         for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
-        attn_store_out<EPL>(p, rh, a, lane);
+        attn_store_out<EPL, GATE>(p, rh, a, lane);
     }
     st_trace_end();
 }
 #endif
 
 // The cluster kernel's merge (sm_90+): true when it ran; the counting kernel goes on to its own.
-template <int EPL, int QPW, bool CL>
+template <int EPL, int QPW, bool CL, bool GATE>
 __device__ __forceinline__ bool attn_merge_in_cluster(const attn_params &p, const float (&m)[QPW],
                                                       const float (&l)[QPW], const float (&acc)[QPW][EPL], int T,
                                                       unsigned ts) {
 #if defined(ST_CLUSTERS)
     if constexpr (CL) {
-        attn_cluster_merge<EPL, QPW>(p, m, l, acc, T, ts);
+        attn_cluster_merge<EPL, QPW, GATE>(p, m, l, acc, T, ts);
         return true;
     }
 #endif
@@ -425,11 +437,12 @@ __device__ __forceinline__ bool attn_merge_in_cluster(const attn_params &p, cons
 }
 
 // CL: the splits run in clusters (p.cs > 1; a kernel of its own, so that the counting path's
-// registers stay as they were).
-template <int EPL, int QPW, bool CL>
+// registers stay as they were). GATE: the gated attention (p.gate).
+template <int EPL, int QPW, bool CL, bool GATE>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     typedef attn_shape<EPL, QPW> S;
     constexpr int D = S::D, TK = S::TK, HALF = S::HALF, KST = S::KST, QB = S::QB;
+    constexpr int QS = GATE ? 2 * D : D; // from one (row, head)'s query to the next
     extern __shared__ float4 sm4[];
     float *Ks = (float *)sm4;  // (TK, KST)
     float *Vs = Ks + TK * KST; // (TK, D)
@@ -494,7 +507,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             int qi = qbase + w * QPW + jj;
             float *qs = Qs + (w * QPW + jj) * D;
             if (qi < p.nq)
-                attn_norm_rope<EPL>(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D, p.qn,
+                attn_norm_rope<EPL>(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS, p.qn,
                                     cs + (qi / p.G) * 2 * half, half, p.eps, qs);
             else
                 for (int e = lane; e < D; e += 32) qs[e] = 0.0f;
@@ -505,7 +518,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     } else {
         for (int e = tid; e < QB * D; e += blockDim.x) {
             int qi = qbase + e / D;
-            Qs[e] = qi < p.nq ? p.q[((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D + e % D] : 0.0f;
+            Qs[e] = qi < p.nq ? p.q[((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS + e % D] : 0.0f;
         }
     }
     if (p.knew && blockIdx.x == 0 && split == 0) { // the fused store: head hk of the new rows
@@ -607,7 +620,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         __syncwarp(); // Ps is rewritten by the next tile
     }
     st_trace_mark(ts, 3);
-    if (attn_merge_in_cluster<EPL, QPW, CL>(p, m, l, acc, T, ts)) return;
+    if (attn_merge_in_cluster<EPL, QPW, CL, GATE>(p, m, l, acc, T, ts)) return;
 
 #pragma unroll
     for (int jj = 0; jj < QPW; jj++) {
@@ -620,7 +633,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             float inv = 1.0f / lsum, o[EPL]; // position 0 is always seen: lsum >= 1
 #pragma unroll
             for (int e = 0; e < EPL; e++) o[e] = acc[jj][e] * inv;
-            attn_store_out<EPL>(p, rh, o, lane);
+            attn_store_out<EPL, GATE>(p, rh, o, lane);
         } else {
             float *pp = p.part + ((size_t)split * p.n * p.H + rh) * (D + 2);
             if (lane == 0) pp[0] = m[jj], pp[1] = lsum;
@@ -674,15 +687,16 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         }
 #pragma unroll
         for (int e = 0; e < EPL; e++) a[e] = a[e] / ls;
-        attn_store_out<EPL>(p, rh, a, lane);
+        attn_store_out<EPL, GATE>(p, rh, a, lane);
         __syncwarp(); // fw is rewritten for the next query
     }
     st_trace_end();
 }
 
 // One block of ATTN_COMBINE_THREADS per (row, head): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s
-// over the active splits (at most 256: the launchers cap ns). Splits that saw no position
-// (m = −inf) weigh 0; split 0 always sees position 0. The splits are spread over the threads
+// over the active splits (at most 256: the launchers cap ns), gated with gate (attn_params.gate,
+// or NULL) as attn_store_out gates. Splits that saw no position (m = −inf) weigh 0; split 0
+// always sees position 0. The splits are spread over the threads
 // (weights first, then each dim's sum in ATTN_COMBINE_THREADS / D groups of splits), so a long
 // context's hundred splits cost a few rounds of independent loads, not a hundred dependent ones.
 #define ATTN_COMBINE_THREADS 256
@@ -702,7 +716,8 @@ __device__ float attn_block_reduce(float v, bool is_max, float *red) {
 }
 
 __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
-attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const int32_t *pos_dev, int n, int align) {
+attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const int32_t *pos_dev, int n, int align,
+                    const float *gate) {
     st_pdl_begin();
     __shared__ float fs[256];                    // e^{m_s − M}
     __shared__ float sums[ATTN_COMBINE_THREADS]; // (groups, D) partial sums
@@ -731,7 +746,9 @@ attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const 
     __syncthreads();
     if (g == 0) {
         for (int k = 1; k < groups; k++) a += sums[k * D + x];
-        out[(size_t)rh * D + x] = a / L;
+        float o = a / L;
+        if (gate) o *= sigmoidf_(gate[(size_t)rh * 2 * D + x]);
+        out[(size_t)rh * D + x] = o;
     }
 }
 
@@ -741,24 +758,27 @@ attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const 
 // still fits the GPU at once), at most 32 clusters; 1: no clusters.
 #define ATTN_CLUSTER_EPL(EPL) ((EPL) == 2 || (EPL) == 4 || (EPL) == 8)
 template <int EPL, int QPW>
-static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *c, int qt, int *ns, int n_head_kv,
-                                                                      size_t smem) {
+static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *c, const attn_params *p, int qt,
+                                                                      int *ns, int n_head_kv, size_t smem) {
+    void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, true, true> : attn_kernel<EPL, QPW, true, false>;
     int cs = *ns < 8 ? *ns : 8, nsc = *ns / cs * cs;
-    st_allow_smem(c, attn_kernel<EPL, QPW, true>, smem);
-    if (nsc > 256 || !st_cluster_fits(c, attn_kernel<EPL, QPW, true>, cs,
-                                      dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
+    st_allow_smem(c, k, smem);
+    if (nsc > 256 ||
+        !st_cluster_fits(c, k, cs, dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
         return 1;
     *ns = nsc;
     return cs;
 }
 template <int EPL, int QPW>
-static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *, int, int *, int, size_t) {
+static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *, const attn_params *, int, int *,
+                                                                       int, size_t) {
     return 1;
 }
 template <int EPL, int QPW>
 static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), bool> attn_launch_clusters(st_cuda *c, attn_params *p, dim3 grid,
                                                                           size_t smem) {
-    st_launch_cluster(c, p->cs, attn_kernel<EPL, QPW, true>, grid, ATTN_WARPS * 32, smem, *p);
+    void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, true, true> : attn_kernel<EPL, QPW, true, false>;
+    st_launch_cluster(c, p->cs, k, grid, ATTN_WARPS * 32, smem, *p);
     return true;
 }
 template <int EPL, int QPW>
@@ -775,11 +795,11 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     // recording stays valid; splits past the current context do no work.
     int base = n_head_kv * qt, sms = c->prop.multiProcessorCount;
     size_t smem = S::smem + p->extra;
+    void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, false, true> : attn_kernel<EPL, QPW, false, false>;
     // At most what fits the GPU at once (blocks past it would start only when the first leave,
     // and the next kernel's blocks could not start early).
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_kernel<EPL, QPW, false>, ATTN_WARPS * 32, smem) !=
-        cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, ATTN_WARPS * 32, smem) != cudaSuccess)
         cudaGetLastError(), per_sm = 1;
     per_sm = per_sm < 4 ? (per_sm < 1 ? 1 : per_sm) : 4;
     int ns = (per_sm * sms + base - 1) / base;
@@ -793,8 +813,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     ns = ns < 1 ? 1 : ns;
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
     bool clusters = ns > 1 && p->counters && st_cluster_on();
-    p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, qt, &ns, n_head_kv, smem) : 1;
-    if (p->cs == 1) st_allow_smem(c, attn_kernel<EPL, QPW, false>, smem);
+    p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, p, qt, &ns, n_head_kv, smem) : 1;
+    if (p->cs == 1) st_allow_smem(c, k, smem);
     p->ns = ns;
     if (ns > 1) {
         size_t bytes = sizeof(float) * (size_t)ns * p->n * p->H * (S::D + 2);
@@ -803,11 +823,11 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     }
     dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
     if (p->cs == 1 || !attn_launch_clusters<EPL, QPW>(c, p, grid, smem))
-        st_launch(c, attn_kernel<EPL, QPW, false>, grid, ATTN_WARPS * 32, smem, *p);
+        st_launch(c, k, grid, ATTN_WARPS * 32, smem, *p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1 && !p->counters) {
         st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, S::D,
-                                                                                   ns, p->pos_dev, p->n, p->min_chunk);
+                  ns, p->pos_dev, p->n, p->min_chunk, p->gate);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
@@ -899,12 +919,14 @@ __device__ __forceinline__ void tc_load_tile(__half *dst, const void *cache, con
 }
 #endif
 
-template <int D, int BK>
+// GATE: the gated attention (p.gate), as attn_kernel's.
+template <int D, int BK, bool GATE>
 __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
     st_pdl_begin();
 #ifdef ST_ATTN_TC_DEVICE
     typedef tc_shape<D, BK> S;
     constexpr int ST = S::ST, NT = BK / 8, DT = D / 8;
+    constexpr int QS = GATE ? 2 * D : D; // from one (row, head)'s query to the next
     extern __shared__ float4 tc_sm4[];
     __half *Qh = (__half *)tc_sm4;   // (TC_BQ, ST) queries, hi
     __half *Ql = Qh + TC_BQ * ST;    // (TC_BQ, ST) queries, lo
@@ -918,7 +940,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
     for (int e = tid; e < TC_BQ * D / 4; e += TC_WARPS * 32) {
         int r = e / (D / 4), x = (e % (D / 4)) * 4, qi = qbase + r;
         float4 v = make_float4(0, 0, 0, 0);
-        if (qi < p.nq) v = *(const float4 *)(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * D + x);
+        if (qi < p.nq) v = *(const float4 *)(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS + x);
         uint32_t h0, l0, h1, l1;
         tc_split(v.x, v.y, h0, l0);
         tc_split(v.z, v.w, h1, l1);
@@ -1052,8 +1074,14 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attn_tc_kernel(attn_params p) {
             float inv = 1.0f / ll; // position 0 is always seen: ll >= 1
             float *dst = p.out + rh * D + tig * 2;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *(float2 *)(dst + dt * 8) = make_float2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+            for (int dt = 0; dt < DT; dt++) {
+                float2 v = make_float2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+                if constexpr (GATE) { // as attn_store_out gates
+                    float2 g = *(const float2 *)(p.gate + rh * 2 * D + tig * 2 + dt * 8);
+                    v.x *= sigmoidf_(g.x), v.y *= sigmoidf_(g.y);
+                }
+                *(float2 *)(dst + dt * 8) = v;
+            }
         } else {
             float *pp = p.part + ((size_t)split * p.n * p.H + rh) * (D + 2);
             if (tig == 0) pp[0] = mm, pp[1] = ll;
@@ -1071,7 +1099,7 @@ static bool attn_tc_built(void) {
     static int built = -1;
     if (built < 0) {
         cudaFuncAttributes fa;
-        built = cudaFuncGetAttributes(&fa, attn_tc_kernel<128, 64>) == cudaSuccess && fa.ptxVersion >= 80 &&
+        built = cudaFuncGetAttributes(&fa, attn_tc_kernel<128, 64, false>) == cudaSuccess && fa.ptxVersion >= 80 &&
                 fa.binaryVersion >= 80;
         cudaGetLastError();
     }
@@ -1097,13 +1125,14 @@ static void attn_tc_launch(st_cuda *c, attn_params *p, int n_head_kv, int T) {
         p->part = (float *)st_cuda_scratch(c, ST_SCR_ATTN, bytes);
         if (!p->part) return; // the error is kept
     }
-    ST_CU(c, cudaFuncSetAttribute(attn_tc_kernel<D, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
+    void (*k)(attn_params) = p->gate ? attn_tc_kernel<D, BK, true> : attn_tc_kernel<D, BK, false>;
+    ST_CU(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::smem));
     dim3 grid((unsigned)qt, (unsigned)n_head_kv, (unsigned)ns);
-    st_launch(c, attn_tc_kernel<D, BK>, grid, TC_WARPS * 32, S::smem, *p);
+    st_launch(c, k, grid, TC_WARPS * 32, S::smem, *p);
     ST_CU_LAUNCHED(c, "attention (tensor cores)");
     if (ns > 1) {
         st_launch(c, attn_combine_kernel, p->n * p->H, ATTN_COMBINE_THREADS, 0, p->part, p->out, p->n * p->H, D, ns,
-                                                                                   p->pos_dev, p->n, BK);
+                  p->pos_dev, p->n, BK, p->gate);
         ST_CU_LAUNCHED(c, "attention combine");
     }
 }
@@ -1174,7 +1203,7 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     }
     attn_params p = {};
     p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
-    p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out, p.nv = nv;
+    p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out, p.nv = nv, p.gate = a->gated ? a->q + D : NULL;
     p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;
     // Tensor cores for prompt chunks and for windows of at least a block's 64 queries (a verify
     // window of 16 rows with 8 queries per KV head is compute-bound in FP32 at long contexts);

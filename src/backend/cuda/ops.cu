@@ -192,17 +192,21 @@ void st_cuda_rope(st_backend *b, float *x, int n, int n_head, int head_dim, int 
 #define NORM_ROPE_EPL 8 // values per lane in registers: head_dim up to 256
 
 // Two head sets in one launch (q and k): blocks y >= groups1 work on x2 (n_head2 heads, w2).
+// Head h of row i of x is at x + (i * n_head + h) * x_hs: x_hs = head_dim for (n, n_head,
+// head_dim), 2 head_dim for the gated attention's queries (each followed by its gate, untouched);
+// x2's heads are contiguous.
 __global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_dim, int n_rot, const int32_t *pos,
-                                 float base, float eps, float *x2, const float *w2, int n_head2, int groups1) {
+                                 float base, float eps, float *x2, const float *w2, int n_head2, int groups1,
+                                 int x_hs) {
     st_pdl_begin();
     extern __shared__ float sm[]; // (n_rot/2) cos, (n_rot/2) sin, then (warps, head_dim) heads
     int i = blockIdx.x, half = n_rot / 2, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     float *cs = sm, *hs = sm + 2 * half + wp * head_dim;
     int grp = blockIdx.y;
-    if (grp >= groups1) x = x2, w = w2, n_head = n_head2, grp -= groups1;
+    if (grp >= groups1) x = x2, w = w2, n_head = n_head2, grp -= groups1, x_hs = head_dim;
     int h = grp * NORM_ROPE_WARPS + wp;
     bool live = h < n_head; // whole warps
-    float *xh = x + ((size_t)i * n_head + (live ? h : 0)) * head_dim;
+    float *xh = x + ((size_t)i * n_head + (live ? h : 0)) * x_hs;
     float v[NORM_ROPE_EPL];
 #pragma unroll
     for (int k = 0; k < NORM_ROPE_EPL; k++) {
@@ -233,18 +237,26 @@ __global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_
         xh[k] = x0 * c - x1 * sn;
         xh[k + half] = x1 * c + x0 * sn;
     }
-    for (int j = n_rot + lane; j < head_dim; j += 32) xh[j] = hs[j];
+    for (int j = 2 * half + lane; j < head_dim; j += 32) xh[j] = hs[j];
 }
 
-// x (n_head heads) and, when x2 is given, x2 (n_head2 heads) in one launch.
-static void norm_rope2(st_backend *b, float *x, const float *w, int n_head, float *x2, const float *w2, int n_head2,
-                       int n, int head_dim, int n_rot, const int32_t *pos, float base, float eps) {
+// x (n_head heads, x_hs floats apart as norm_rope_kernel's) and, when x2 is given, x2 (n_head2
+// heads) in one launch.
+static void norm_rope2(st_backend *b, float *x, const float *w, int n_head, int x_hs, float *x2, const float *w2,
+                       int n_head2, int n, int head_dim, int n_rot, const int32_t *pos, float base, float eps) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || head_dim <= 0) return;
-    if (n_rot < 2 || head_dim > 32 * NORM_ROPE_EPL) { // nothing to rotate, or a head too large: two kernels
+    // Nothing to rotate, or a head too large: two kernels, for contiguous heads. Strided heads (the
+    // gated attention's queries) always take the one kernel, which rotates nothing at n_rot < 2
+    // too; the attention op takes heads of up to 256 values.
+    if (x_hs != head_dim && head_dim > 32 * NORM_ROPE_EPL) {
+        st_cuda_fail_msg(c, __FILE__, __LINE__, "norm_rope: heads of %d values %d apart: unsupported", head_dim, x_hs);
+        return;
+    }
+    if ((n_rot < 2 && x_hs == head_dim) || head_dim > 32 * NORM_ROPE_EPL) {
         st_cuda_rmsnorm(b, x, w, x, n * n_head, head_dim, eps);
         st_cuda_rope(b, x, n, n_head, head_dim, n_rot, pos, base);
-        if (x2) norm_rope2(b, x2, w2, n_head2, NULL, NULL, 0, n, head_dim, n_rot, pos, base, eps);
+        if (x2) norm_rope2(b, x2, w2, n_head2, head_dim, NULL, NULL, 0, n, head_dim, n_rot, pos, base, eps);
         return;
     }
     if (!x2) n_head2 = 0;
@@ -253,18 +265,19 @@ static void norm_rope2(st_backend *b, float *x, const float *w, int n_head, floa
     int warps = most < NORM_ROPE_WARPS ? most : NORM_ROPE_WARPS;
     size_t smem = sizeof(float) * ((size_t)2 * (n_rot / 2) + (size_t)warps * head_dim);
     st_launch(c, norm_rope_kernel, dim3(n, groups + groups2), 32 * warps, smem, x, w, n_head, head_dim, n_rot, pos,
-              base, eps, x2, w2, n_head2, groups);
+              base, eps, x2, w2, n_head2, groups, x_hs);
     ST_CU_LAUNCHED(c, "norm_rope");
 }
 
 void st_cuda_norm_rope(st_backend *b, float *x, const float *w, int n, int n_head, int head_dim, int n_rot,
                        const int32_t *pos, float base, float eps) {
-    if (n_head > 0) norm_rope2(b, x, w, n_head, NULL, NULL, 0, n, head_dim, n_rot, pos, base, eps);
+    if (n_head > 0) norm_rope2(b, x, w, n_head, head_dim, NULL, NULL, 0, n, head_dim, n_rot, pos, base, eps);
 }
 
 void st_cuda_norm_rope_qk(st_backend *b, const st_attn_args *a) {
-    norm_rope2(b, a->q, a->q_norm, a->n_head, a->k, a->k_norm, a->kv->n_head_kv, a->n, a->kv->head_dim, a->n_rot,
-               a->pos, a->rope_base, a->eps);
+    int D = a->kv->head_dim;
+    norm_rope2(b, a->q, a->q_norm, a->n_head, a->gated ? 2 * D : D, a->k, a->k_norm, a->kv->n_head_kv, a->n, D,
+               a->n_rot, a->pos, a->rope_base, a->eps);
 }
 
 // ---------------------------------------------------------------------------------------------
