@@ -760,11 +760,13 @@ attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const 
 template <int EPL, int QPW>
 static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *c, const attn_params *p, int qt,
                                                                       int *ns, int n_head_kv, size_t smem) {
-    void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, true, true> : attn_kernel<EPL, QPW, true, false>;
+    // (the plain kernel's plan for the gated one too: see attn_launch)
+    void (*plain)(attn_params) = attn_kernel<EPL, QPW, true, false>;
     int cs = *ns < 8 ? *ns : 8, nsc = *ns / cs * cs;
-    st_allow_smem(c, k, smem);
+    st_allow_smem(c, plain, smem);
+    if (p->gate) st_allow_smem(c, attn_kernel<EPL, QPW, true, true>, smem);
     if (nsc > 256 ||
-        !st_cluster_fits(c, k, cs, dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
+        !st_cluster_fits(c, plain, cs, dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
         return 1;
     *ns = nsc;
     return cs;
@@ -797,9 +799,13 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     size_t smem = S::smem + p->extra;
     void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, false, true> : attn_kernel<EPL, QPW, false, false>;
     // At most what fits the GPU at once (blocks past it would start only when the first leave,
-    // and the next kernel's blocks could not start early).
+    // and the next kernel's blocks could not start early). The plan (splits, clusters) is the
+    // plain kernel's for the gated one too, whose registers differ: the same splits merged in
+    // the same order as the ops it folds, so the same bits (a plan of its own split a head_dim
+    // 128 window's context differently: 1 ulp apart in test_attention_gated).
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, ATTN_WARPS * 32, smem) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_kernel<EPL, QPW, false, false>, ATTN_WARPS * 32,
+                                                      smem) != cudaSuccess)
         cudaGetLastError(), per_sm = 1;
     per_sm = per_sm < 4 ? (per_sm < 1 ? 1 : per_sm) : 4;
     int ns = (per_sm * sms + base - 1) / base;
@@ -1199,6 +1205,20 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
         st_cuda_fail_msg(c, __FILE__, __LINE__, "attention: head size %d with %d query / %d kv heads: unsupported "
                          "(a multiple of 32 up to 256, query heads a multiple of kv heads)", D, a->n_head,
                          kv->n_head_kv);
+        return;
+    }
+    // STRATA_ATTN_GATED=0: the gated attention as the ops it folds, in turn (split_heads, the
+    // attention, mul_sigmoid, the output product), for A/B runs.
+    if (a->gated && st_env_is("STRATA_ATTN_GATED", "0")) {
+        size_t hn = (size_t)a->n * a->n_head * D;
+        float *qs = (float *)st_cuda_scratch(c, ST_SCR_MISC, sizeof(float) * 2 * hn);
+        if (!qs) return; // error kept
+        st_cuda_split_heads(b, a->q, qs, qs + hn, a->n, a->n_head, D, D);
+        st_attn_args u = *a;
+        u.q = qs, u.gated = false, u.wo = NULL;
+        st_cuda_attention(b, &u);
+        st_cuda_mul_sigmoid(b, a->out, qs + hn, (int64_t)hn);
+        if (a->wo) st_cuda_matmul(b, a->wo, a->out, a->n, a->y);
         return;
     }
     attn_params p = {};

@@ -6,7 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,35 +410,20 @@ __device__ __forceinline__ void route_load(const float *logits, int E, st_route_
     for (int i = threadIdx.x; i < (E + 31) / 32 * 32; i += blockDim.x) s.l[i] = i < E ? logits[i] : -INFINITY;
 }
 
-// The candidates' ranks are counted a warp a candidate: lane l holds candidates l, l + 32, ...
-// in registers and the ballots' bits add up the ones before it. (A thread a candidate, each
-// reading all nc from shared memory in a dependent loop, took ~2.5 us of the 3.2 us ranking at
-// Qwen3-Next's 512 logits: 160 candidates.) The same ranks, so the same top k.
-#define ST_ROUTE_CPL (ST_ROUTE_FOLD_MAX_E / 32 * ST_ROUTE_FOLD_MAX_K / 32) // candidates a lane
 __device__ __forceinline__ void route_rank(int E, int k, st_route_smem &s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, ng = (E + 31) / 32, nc = ng * k;
-    for (int g = warp; g < ng; g += nw) {
+    int lane = threadIdx.x & 31, ng = (E + 31) / 32, nc = ng * k;
+    for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
         float v = s.l[32 * g + lane];
         int i = 32 * g + lane;
         route_sort_warp(v, i);
         if (lane < k) s.cv[g * k + lane] = v, s.ci[g * k + lane] = i;
     }
     __syncthreads();
-    float mv[ST_ROUTE_CPL];
-    int mi[ST_ROUTE_CPL];
-#pragma unroll
-    for (int j = 0; j < ST_ROUTE_CPL; j++) {
-        int o = lane + 32 * j;
-        mv[j] = o < nc ? s.cv[o] : -INFINITY;
-        mi[j] = o < nc ? s.ci[o] : INT_MAX; // (never before a candidate)
-    }
-    for (int c = warp; c < nc; c += nw) {
+    for (int c = threadIdx.x; c < nc; c += blockDim.x) {
         float v = s.cv[c];
         int i = s.ci[c], r = 0;
-#pragma unroll
-        for (int j = 0; j < ST_ROUTE_CPL; j++)
-            if (32 * j < nc) r += __popc(__ballot_sync(0xffffffffu, route_before(mv[j], mi[j], v, i)));
-        if (lane == 0 && r < k) s.top[r] = i, s.tv[r] = v;
+        for (int o = 0; o < nc; o++) r += route_before(s.cv[o], s.ci[o], v, i);
+        if (r < k) s.top[r] = i, s.tv[r] = v;
     }
     __syncthreads();
 }

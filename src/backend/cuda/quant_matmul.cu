@@ -2111,8 +2111,10 @@ template <int T, int NX, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_kernel(st_moe2_args p) {
     moe2_body<T, NX, GATE, P, ST_MOE2_WARPS>(p);
 }
+// With half-warp rows (HW: half the blocks, four a multiprocessor are enough for one wave) it
+// keeps 128 registers: at 96 the halves' row offsets spilled and the launcher fell back.
 template <int T, int P, bool HW>
-__global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 5) moe2_down4_kernel(st_moe2_args p) {
+__global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, HW ? 4 : 5) moe2_down4_kernel(st_moe2_args p) {
     moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS, HW>(p);
 }
 // The one-row eight-warp kernels of types that take more than 128 registers with the plain
