@@ -377,11 +377,13 @@ struct st_norm_in {
 // quant_split, with one round trip to L2 instead of two and the norm's weights (g, this thread's
 // float4 j = threadIdx.x + k · blockDim.x) loaded before the wait. Block 0 writes xo and xn.
 #define ST_NQ_KEEP 4 // float4 a thread: rows of up to 2,048 over 128 threads
+// ts: st_pdl_begin's slot (trace mark 7: the sum of squares done).
 __device__ __forceinline__ void norm_quant_regs(const st_norm_in &nm, int d, const float4 (&g)[ST_NQ_KEEP], int8_t *q,
-                                                float2 *ds) {
+                                                float2 *ds, unsigned ts) {
     float4 keep[ST_NQ_KEEP];
     const bool b0 = blockIdx.x == 0;
     float s = rms_scale(rms_sumsq<ST_NQ_KEEP>(nm.x, nm.y, b0 && nm.y ? nm.xo : NULL, d, true, keep), d, nm.eps);
+    st_trace_mark(ts, 7);
     const int d4 = d / 4, i8 = threadIdx.x & 7;
     float4 *xn4 = b0 ? (float4 *)nm.xn : NULL;
 #pragma unroll
@@ -448,15 +450,73 @@ __device__ __forceinline__ void any_row_dot(const uint8_t *wrow, int cols, const
 // ---------------------------------------------------------------------------------------------
 // matmul, n <= 16: y (n, rows); warp w of block b computes row 4b + w for every x row.
 
-// With nm.x (float weights only), the block norms its input into shared memory first.
+// One row normed into shared memory (rows: xn for block 0) and its product with this warp's
+// float weight row r (the routers), both loaded into registers before the wait: their loads
+// overlap the kernel before, and after the wait only x's (+ y's) remain, one L2 round trip
+// where rms_row then row_dot_f waited three (the norm's weights after the sum, the weight row
+// after the barrier). The arithmetic of rms_row and row_dot_f in their order: the same bits.
+// Rows of up to ST_MVF_KEEP · 256 floats (cols % 256 == 0), 16-byte aligned.
+#define ST_MVF_KEEP 8
+template <int T>
+__device__ __forceinline__ void mmv_norm_regs(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, float *y,
+                                              const st_norm_in &nm, float *rows_) {
+    const int lane = threadIdx.x & 31, d4 = cols / 4;
+    const int64_t r = (int64_t)blockIdx.x * ST_CUQ_WARPS + (threadIdx.x >> 5);
+    const uint8_t *wrow = w + (size_t)min(r, rows - 1) * row_bytes;
+    float wv[ST_MVF_KEEP][8];
+#pragma unroll
+    for (int k = 0; k < ST_MVF_KEEP; k++)
+        if (lane * 8 + 256 * k < cols) ld_wf8<T>(wrow + (size_t)(lane * 8 + 256 * k) * (T == ST_TYPE_F32 ? 4 : 2), wv[k]);
+    const float4 *w4 = (const float4 *)nm.w;
+    float4 g[ST_NQ_KEEP];
+#pragma unroll
+    for (int k = 0; k < ST_NQ_KEEP; k++) g[k] = w4[min((int)(threadIdx.x + k * blockDim.x), d4 - 1)];
+    st_pdl_begin();
+    float4 keep[ST_NQ_KEEP];
+    float s = rms_scale(rms_sumsq<ST_NQ_KEEP>(nm.x, nm.y, blockIdx.x == 0 && nm.y ? nm.xo : NULL, cols, true, keep),
+                        cols, nm.eps);
+    float4 *n4 = (float4 *)rows_;
+#pragma unroll
+    for (int k = 0; k < ST_NQ_KEEP; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < d4) {
+            float4 a = keep[k], gk = g[k];
+            n4[j] = make_float4(a.x * s * gk.x, a.y * s * gk.y, a.z * s * gk.z, a.w * s * gk.w);
+        }
+    }
+    __syncthreads();
+    if (r >= rows) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ST_MVF_KEEP; k++) {
+        int e = lane * 8 + 256 * k;
+        if (e < cols) {
+            const float *v = wv[k];
+            float4 a = n4[e / 4], b = n4[e / 4 + 1];
+            acc += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w;
+        }
+    }
+    float sum = warp_sum_q(acc);
+    if (lane == 0) y[r] = sum;
+}
+
+// With nm.x (float weights only), the block norms its input into shared memory first; regs
+// (one row, mmv_norm_regs' shapes): from registers.
 template <int T, int NX>
 __global__ void __launch_bounds__(32 * ST_CUQ_WARPS)
     mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int cols, st_mv_in in, int nx, float *y,
-               st_norm_in nm) {
+               st_norm_in nm, bool regs) {
     extern __shared__ __align__(16) float mv_rows[];
     int64_t rb0 = (int64_t)blockIdx.x * ST_CUQ_WARPS;
     const uint8_t *wb = w + (size_t)rb0 * row_bytes;
     size_t wn = (size_t)(min(rb0 + ST_CUQ_WARPS, rows) - rb0) * row_bytes;
+    if constexpr (NX == 1 && (T == ST_TYPE_F32 || T == ST_TYPE_F16 || T == ST_TYPE_BF16)) {
+        if (regs) {
+            mmv_norm_regs<T>(w, row_bytes, rows, cols, y, nm, blockIdx.x == 0 ? nm.xn : mv_rows);
+            st_trace_end();
+            return;
+        }
+    }
     if (cuq_l2_hint) prefetch_l2_stream(wb, wn);
     else prefetch_l2(wb, wn);
     st_pdl_begin();
@@ -494,11 +554,17 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
     int cols = (int)w->cols;
     st_norm_in none = {};
     size_t smem = nm ? sizeof(float) * (size_t)n * cols : 0;
+    // One normed row of a float matrix (the routers): from registers (STRATA_MVF_REGS=0: rms_row
+    // then row_dot_f, the same bits).
+    bool regs = nm && n == 1 && is_float_type(w->type) && cols % 256 == 0 && cols <= 256 * ST_MVF_KEEP &&
+                cols / 4 <= ST_NQ_KEEP * 32 * ST_CUQ_WARPS && w->row_bytes % 16 == 0 && ((uintptr_t)wd & 15) == 0 &&
+                ((uintptr_t)nm->x & 15) == 0 && ((uintptr_t)nm->y & 15) == 0 && ((uintptr_t)nm->w & 15) == 0 &&
+                nm->w && !env_is_0("STRATA_MVF_REGS");
 #define L(NX)                                                                                      \
     do {                                                                                           \
         if (smem) st_allow_smem(c, mmv_kernel<T, NX>, smem);                                       \
         st_launch(c, mmv_kernel<T, NX>, grid, 32 * ST_CUQ_WARPS, smem, wd, w->row_bytes, w->rows, cols, in, n, y, \
-                  nm ? *nm : none);                                                                \
+                  nm ? *nm : none, regs);                                                          \
     } while (0)
     if (n == 1) L(1);
     else if (n == 2) L(2);
@@ -701,8 +767,8 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
         for (int k = 0; k < ST_NQ_KEEP; k++)
             g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), p.cols / 4 - 1)] : make_float4(1, 1, 1, 1);
     }
-    // STRATA_CUDA_TRACE marks: 0 a first read of x arrived, 1 norm scales, 2 x quantized, 3 weights
-    // landed, 4 input ready (barrier), 5 products done, 6 stored
+    // STRATA_CUDA_TRACE marks: 0 a first read of x arrived, 7 (regs) the sum of squares, 1 norm
+    // scales, 2 x quantized, 3 weights landed, 4 input ready (barrier), 5 products done, 6 stored
     unsigned ts = st_pdl_begin();
     const int8_t *xq = p.xq;
     const float2 *xds = p.xds;
@@ -711,7 +777,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
         int8_t *sq = (int8_t *)mv_smem;
         float2 *sds = (float2 *)(mv_smem + (size_t)nx * p.cols);
         if (NX == 1 && p.regs) {
-            norm_quant_regs(p.norm, p.cols, g, sq, sds);
+            norm_quant_regs(p.norm, p.cols, g, sq, sds, ts);
             st_trace_mark(ts, 1);
         } else if (p.norm.x) {
             __shared__ float sc[ST_MV_FUSED_MAX];
