@@ -338,6 +338,21 @@ __device__ __forceinline__ float rms_sumsq(const float *x, const float *y, float
 // The norm's scale of a row whose sum of squares is ss.
 __device__ __forceinline__ float rms_scale(float ss, int d, float eps) { return 1.0f / sqrtf(ss / d + eps); }
 
+// out[j] = a · s · g for rms_sumsq's kept float4 a (j = threadIdx.x + k · blockDim.x < d4): the
+// normed values of every norm that keeps its row in registers, so all of them get one set of bits.
+template <int K>
+__device__ __forceinline__ void rms_scale_kept(const float4 (&keep)[K], const float4 (&g)[K], float s, float4 *out,
+                                               int d4) {
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < d4) {
+            float4 a = keep[k], gk = g[k];
+            out[j] = make_float4(a.x * s * gk.x, a.y * s * gk.y, a.z * s * gk.z, a.w * s * gk.w);
+        }
+    }
+}
+
 // One row by the whole block: a = x (+ y), written to xo when given (xo may alias x: each
 // thread rereads only what it wrote), then out = a · s · w (w NULL: 1), s = rms_scale. Returns s.
 __device__ __forceinline__ float rms_row(const float *x, const float *y, float *xo, const float *w, float *out, int d,
@@ -352,14 +367,7 @@ __device__ __forceinline__ float rms_row(const float *x, const float *y, float *
 #pragma unroll
         for (int k = 0; k < RMS_KEEP; k++)
             g[k] = w4 ? w4[min((int)(threadIdx.x + k * blockDim.x), d4 - 1)] : make_float4(1, 1, 1, 1);
-#pragma unroll
-        for (int k = 0; k < RMS_KEEP; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            if (j < d4) {
-                float4 a = keep[k], gk = g[k];
-                n4[j] = make_float4(a.x * s * gk.x, a.y * s * gk.y, a.z * s * gk.z, a.w * s * gk.w);
-            }
-        }
+        rms_scale_kept<RMS_KEEP>(keep, g, s, n4, d4);
         for (int j = kept + threadIdx.x; j < d4; j += blockDim.x) {
             float4 a = y4 && xo4 ? xo4[j] : x4[j], g = w4 ? w4[j] : make_float4(1, 1, 1, 1);
             if (y4 && !xo4) {

@@ -476,14 +476,7 @@ __device__ __forceinline__ void mmv_norm_regs(const uint8_t *w, size_t row_bytes
     float s = rms_scale(rms_sumsq<ST_NQ_KEEP>(nm.x, nm.y, blockIdx.x == 0 && nm.y ? nm.xo : NULL, cols, true, keep),
                         cols, nm.eps);
     float4 *n4 = (float4 *)rows_;
-#pragma unroll
-    for (int k = 0; k < ST_NQ_KEEP; k++) {
-        int j = threadIdx.x + k * blockDim.x;
-        if (j < d4) {
-            float4 a = keep[k], gk = g[k];
-            n4[j] = make_float4(a.x * s * gk.x, a.y * s * gk.y, a.z * s * gk.z, a.w * s * gk.w);
-        }
-    }
+    rms_scale_kept<ST_NQ_KEEP>(keep, g, s, n4, d4);
     __syncthreads();
     if (r >= rows) return;
     float acc = 0.0f;
