@@ -776,6 +776,8 @@ static void test_moe_fold(void **state) {
     moe_fold_run(512, 10, 1, ST_TYPE_Q4_K, false, 2048, 512); // ... and its shape
     moe_fold_run(512, 10, 1, ST_TYPE_Q6_K, true, 256, 256);
     moe_fold_run(100, 4, 1, ST_TYPE_Q8_0, false, 256, 256);  // a partial group
+    moe_fold_run(300, 8, 1, ST_TYPE_Q4_K, false, 256, 256);  // more groups than warps: sorted in pairs, one partial
+    moe_fold_run(480, 10, 1, ST_TYPE_Q4_K, true, 256, 256);  // ... an odd count of groups (the last sorted alone)
     moe_fold_run(16, 16, 1, ST_TYPE_Q8_0, false, 256, 256);  // every expert
     moe_fold_run(600, 8, 1, ST_TYPE_Q8_0, false, 256, 256);  // too many to fold: the router kernel first
     moe_fold_run(128, 8, 3, ST_TYPE_Q4_K, false, 256, 256);  // a window: the router kernel first

@@ -206,7 +206,7 @@ __global__ void hand_publish_kernel(st_hand_args h) {
         for (int i = 0; i < h.n; i++) {
             route_load(h.logits + (size_t)i * h.n_expert, h.n_expert, rs);
             __syncthreads();
-            route_rank(h.n_expert, h.k, rs);
+            route_rank(h.n_expert, h.k, rs, true);
             route_weights(h.n_expert, h.k, rs, h.h_ids + (size_t)i * h.k, h.h_w + (size_t)i * h.k, NULL);
             if (t < h.k) {
                 int e = rs.top[t];

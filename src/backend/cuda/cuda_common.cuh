@@ -246,6 +246,27 @@ __device__ __forceinline__ void route_sort_warp(float &v, int &i) {
         }
 }
 
+// Two groups of 32 sorted at once (their exchanges interleave, one network's latency for both),
+// then merged: lane i keeps the earlier of A[i] and B[31 - i], which leaves the pair's first 32
+// as a bitonic sequence, and one more pass of half-cleaners sorts it. The result is the union's
+// first 32 in the router's order, in v, i (vb, ib are clobbered).
+__device__ __forceinline__ void route_sort_warp2(float &v, int &i, float &vb, int &ib) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            bool desc = (lane & size) == 0 || size == 32, lower = (lane & j) == 0;
+            route_exchange(v, i, j, lower == desc);
+            route_exchange(vb, ib, j, lower == desc);
+        }
+    float ov = __shfl_sync(0xffffffffu, vb, 31 - lane);
+    int oi = __shfl_sync(0xffffffffu, ib, 31 - lane);
+    if (route_before(ov, oi, v, i)) v = ov, i = oi;
+#pragma unroll
+    for (int j = 16; j > 0; j >>= 1) route_exchange(v, i, j, (lane & j) == 0);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -398,9 +419,13 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 // hand-off), so the router needs no launch of its own (a kernel boundary costs ~3 us a layer).
 // route_load, a barrier, route_rank: s.top[r] (and s.tv[r], its logit) is the expert of rank r
 // < k. Each warp sorts groups of 32 experts; the row's top k is among the groups' top k, and
-// each of those candidates counts the candidates before it. route_weights then writes the k
-// ids and weights with moe_route_block_kernel's arithmetic (ops.cu), so they match it bit for
-// bit: the softmax sum in double over groups of 32 in order, the k weights renormalized.
+// each of those candidates counts the candidates before it. With more groups than warps (the
+// Next-80B-A3B's 512 logits: 16 groups, 8 warps) and pairs, a warp sorts two groups at once and
+// keeps their merged top k (route_sort_warp2): half the candidates to count, and one sort's
+// latency where each warp sorted two in turn. Either way the same top k in the same order.
+// route_weights then writes the k ids and weights with moe_route_block_kernel's arithmetic
+// (ops.cu), so they match it bit for bit: the softmax sum in double over groups of 32 in order,
+// the k weights renormalized.
 #define ST_ROUTE_FOLD_MAX_E 512
 #define ST_ROUTE_FOLD_MAX_K 16
 struct st_route_smem {
@@ -418,12 +443,19 @@ __device__ __forceinline__ void route_load(const float *logits, int E, st_route_
     for (int i = threadIdx.x; i < (E + 31) / 32 * 32; i += blockDim.x) s.l[i] = i < E ? logits[i] : -INFINITY;
 }
 
-__device__ __forceinline__ void route_rank(int E, int k, st_route_smem &s) {
-    int lane = threadIdx.x & 31, ng = (E + 31) / 32, nc = ng * k;
-    for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
-        float v = s.l[32 * g + lane];
-        int i = 32 * g + lane;
-        route_sort_warp(v, i);
+__device__ __forceinline__ void route_rank(int E, int k, st_route_smem &s, bool pairs) {
+    int lane = threadIdx.x & 31, nw = blockDim.x >> 5, ng = (E + 31) / 32;
+    int gw = pairs && ng > nw ? 2 : 1, nm = (ng + gw - 1) / gw, nc = nm * k; // groups a sort, sorts
+    for (int g = threadIdx.x >> 5; g < nm; g += nw) {
+        int i = 32 * gw * g + lane;
+        float v = s.l[i];
+        if (gw == 2) {
+            int ib = i + 32; // (past the last group: -inf, after every expert)
+            float vb = ib < 32 * ng ? s.l[ib] : -INFINITY;
+            route_sort_warp2(v, i, vb, ib);
+        } else {
+            route_sort_warp(v, i);
+        }
         if (lane < k) s.cv[g * k + lane] = v, s.ci[g * k + lane] = i;
     }
     __syncthreads();

@@ -1746,6 +1746,9 @@ struct st_moe2_args {
     const float *logits;
     int32_t *route_ids;
     float *route_w;
+    // Routing: a warp sorts two groups at once where there are more groups than warps
+    // (route_rank's pairs; STRATA_RANK_PAIRS=0: one at a time).
+    bool rank_pairs;
     // One row, down only: each block learns its expert (from the ids, or from the logits it
     // ranks itself where the gate/up kernel routes) and asks L2 for its weight rows before it
     // waits for the gate/up kernel.
@@ -1852,7 +1855,7 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
                 (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
     __syncthreads();
     st_trace_mark(ts, 1);
-    route_rank(p.n_route, p.k, rs);
+    route_rank(p.n_route, p.k, rs, p.rank_pairs);
     st_trace_mark(ts, 2);
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
     st_trace_mark(ts, 3);
@@ -1984,7 +1987,7 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
         for (int i = threadIdx.x; i < (p.n_route + 31) / 32 * 32; i += blockDim.x)
             rs.l[i] = i < p.n_route ? __ldcg(p.logits + i) : -INFINITY;
         __syncthreads();
-        route_rank(p.n_route, p.k, rs);
+        route_rank(p.n_route, p.k, rs, p.rank_pairs);
         return moe2_matrix(p, rs.top[blockIdx.y]);
     }
     if (threadIdx.x == 0) s_sel = moe2_matrix(p, __ldcg(p.ids + blockIdx.y));
@@ -2336,6 +2339,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
         p.route_ids = (int32_t *)a->ids;
         p.route_w = (float *)a->weights;
     }
+    p.rank_pairs = !env_is_0("STRATA_RANK_PAIRS");
     p.na = na;
     p.k = k;
     p.n_expert = E;
