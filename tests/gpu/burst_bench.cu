@@ -1,0 +1,250 @@
+// burst_bench: how fast one decode kernel can read a burst of weights it learns only after its
+// wait (the routed experts: ~14 MB of gate/up rows at the Qwen3-30B-A3B shape), cold in L2.
+// A CUDA graph of K kernels (PDL, each waiting first, as Strata's gate/up kernel waits for the
+// router), kernel k reading its own burst of BYTES: G blocks of 256 threads, each block a
+// contiguous slice. The bursts lie far apart in a 2 GiB buffer, so none is in L2. Per way of
+// reading, us a kernel and the burst's rate (TB/s; net_TB/s: the empty kernels' time subtracted):
+//   loads     the threads' own 16-byte loads, 8 in flight a thread
+//   loads32   32 in flight a thread (the block's slice at once where it fits)
+//   bulkpf    cp.async.bulk.prefetch.L2 of the slice (one a warp, as the gate/up kernel's rows),
+//             then the loads
+//   linepf    prefetch.global.L2 of every line of the slice, then the loads
+//   cpasync   cp.async of the slice into shared memory (16 bytes a thread a copy), then reads it
+//   bulkcp    one cp.async.bulk copy a warp into shared memory (the copy engine), then reads it
+// Also the rate of one kernel streaming 1 GiB (the copy-rate bound's figure).
+//   nvcc -O3 -arch=sm_90 -o burst_bench tests/gpu/burst_bench.cu && ./burst_bench [K]
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define CK(x)                                                                                \
+    do {                                                                                     \
+        cudaError_t e_ = (x);                                                                \
+        if (e_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+#define T 256
+#define SMEM_MAX (200 * 1024)
+
+__device__ __forceinline__ unsigned long long evict_first() {
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+__device__ __forceinline__ uint4 ld_ef(const uint4 *p, unsigned long long pol) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+}
+
+__device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+// The slice's words read with NF loads in flight a thread.
+template <int NF> __device__ __forceinline__ unsigned read_loads(const uint4 *w, int words, unsigned long long pol) {
+    unsigned s = 0;
+    for (int i0 = threadIdx.x; i0 < words; i0 += T * NF) {
+        uint4 v[NF];
+#pragma unroll
+        for (int j = 0; j < NF; j++) {
+            int i = i0 + j * T;
+            v[j] = i < words ? ld_ef(w + i, pol) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < NF; j++) s += fold(v[j]);
+    }
+    return s;
+}
+
+__device__ __forceinline__ unsigned read_smem(const uint4 *s, int words) {
+    unsigned r = 0;
+    for (int i = threadIdx.x; i < words; i += T) r += fold(s[i]);
+    return r;
+}
+
+enum { V_EMPTY, V_LOADS, V_LOADS32, V_BULKPF, V_LINEPF, V_CPASYNC, V_BULKCP, NV };
+static const char *vname[NV] = {"empty", "loads", "loads32", "bulkpf", "linepf", "cpasync", "bulkcp"};
+
+template <int V> __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned *out) {
+    extern __shared__ uint4 sm[];
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+    const uint4 *mw = w + (size_t)blockIdx.x * words;
+    unsigned long long pol = evict_first();
+    unsigned s = 0;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = T / 32;
+    // A warp's share of the slice, in 16-byte words.
+    int per = (words + nw - 1) / nw, w0 = warp * per, wn = words - w0 < per ? words - w0 : per;
+    if (V == V_LOADS) s = read_loads<8>(mw, words, pol);
+    if (V == V_LOADS32) s = read_loads<32>(mw, words, pol);
+    if (V == V_BULKPF) {
+        if (lane == 0 && wn > 0)
+            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(mw + w0), "r"(wn * 16),
+                         "l"(pol)
+                         : "memory");
+        s = read_loads<8>(mw, words, pol);
+    }
+    if (V == V_LINEPF) {
+        for (int i = threadIdx.x * 8; i < words; i += T * 8) asm volatile("prefetch.global.L2 [%0];" ::"l"(mw + i));
+        s = read_loads<8>(mw, words, pol);
+    }
+    if (V == V_CPASYNC) {
+        for (int i = threadIdx.x; i < words; i += T) {
+            unsigned a = (unsigned)__cvta_generic_to_shared(sm + i);
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(a), "l"(mw + i), "l"(pol));
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        s = read_smem(sm, words);
+    }
+    if (V == V_BULKCP) {
+        __shared__ alignas(8) unsigned long long bar[8];
+        unsigned b = (unsigned)__cvta_generic_to_shared(&bar[warp]);
+        if (lane == 0) {
+            asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        if (lane == 0 && wn > 0) {
+            unsigned d = (unsigned)__cvta_generic_to_shared(sm + w0);
+            asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b), "r"(wn * 16) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
+                         "%2, [%3], %4;" ::"r"(d),
+                         "l"(mw + w0), "r"(wn * 16), "r"(b), "l"(pol)
+                         : "memory");
+        }
+        if (wn > 0) {
+            unsigned done = 0;
+            while (!done)
+                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                             : "=r"(done)
+                             : "r"(b)
+                             : "memory");
+        }
+        for (int i = lane; i < wn; i += 32) s += fold(sm[w0 + i]);
+    }
+    if (s == 0x12345678u) out[blockIdx.x] = s; // (keeps the reads)
+}
+
+static void launch(cudaStream_t st, void *fn, int grid, size_t smem, void **args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(T);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
+static void *kernel_of(int v) {
+    switch (v) {
+    case V_EMPTY: return (void *)k_burst<V_EMPTY>;
+    case V_LOADS: return (void *)k_burst<V_LOADS>;
+    case V_LOADS32: return (void *)k_burst<V_LOADS32>;
+    case V_BULKPF: return (void *)k_burst<V_BULKPF>;
+    case V_LINEPF: return (void *)k_burst<V_LINEPF>;
+    case V_CPASYNC: return (void *)k_burst<V_CPASYNC>;
+    default: return (void *)k_burst<V_BULKCP>;
+    }
+}
+
+__global__ void k_stream(const uint4 *w, size_t words, unsigned *out) {
+    unsigned s = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+        s += fold(__ldcs(w + i));
+    if (s == 0x12345678u) out[0] = s;
+}
+
+int main(int argc, char **argv) {
+    int K = argc > 1 ? atoi(argv[1]) : 64;
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    size_t total = (size_t)2 << 30;
+    uint4 *w;
+    unsigned *out;
+    CK(cudaMalloc(&w, total));
+    CK(cudaMemset(w, 1, total));
+    CK(cudaMalloc(&out, 1 << 20));
+    for (int v = 0; v < NV; v++)
+        CK(cudaFuncSetAttribute(kernel_of(v), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    // The copy-rate figure: one kernel reading 1 GiB.
+    {
+        float best = 1e30f;
+        for (int r = 0; r < 5; r++) {
+            CK(cudaEventRecord(e0, st));
+            k_stream<<<sms * 8, 256, 0, st>>>(w, (size_t)(1 << 30) / 16, out);
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            best = ms < best ? ms : best;
+        }
+        printf("burst_bench: %d multiprocessors; one kernel streaming 1 GiB: %.2f TB/s\n", sms,
+               (double)(1 << 30) / (best * 1e-3) / 1e12);
+    }
+    printf("%d kernels a graph (PDL, each waiting first), 256 threads a block; best of 10 replays\n", K);
+    printf("%-9s %9s %6s %10s %9s %9s %9s\n", "variant", "burst_MB", "grid", "KiB/block", "us", "TB/s", "net_TB/s");
+    double bursts[] = {14.2e6, 7.1e6, 3.5e6};
+    int grids[] = {sms, 192, 2 * sms, 4 * sms, 8 * sms};
+    for (double bytes : bursts)
+        for (int grid : grids) {
+            int words = (int)(bytes / grid / 16);
+            size_t slice = (size_t)words * 16;
+            if (slice > SMEM_MAX) continue;
+            // Burst k at k * stride: stride > the burst and the K bursts spread over the buffer.
+            size_t stride = total / K / 4096 * 4096;
+            if (stride < slice * grid) continue;
+            float empty_us = 0;
+            for (int v = 0; v < NV; v++) {
+                size_t smem = v == V_CPASYNC || v == V_BULKCP ? slice : 0;
+                cudaGraph_t g;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                for (int k = 0; k < K; k++) {
+                    const uint4 *mw = w + (size_t)k * stride / 16;
+                    void *args[] = {&mw, &words, &out};
+                    launch(st, kernel_of(v), grid, smem, args);
+                }
+                CK(cudaStreamEndCapture(st, &g));
+                cudaGraphExec_t ge;
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                float best = 1e30f;
+                for (int r = 0; r < 10; r++) {
+                    CK(cudaEventRecord(e0, st));
+                    CK(cudaGraphLaunch(ge, st));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    best = ms < best ? ms : best;
+                }
+                float us = best * 1000.0f / K;
+                if (v == V_EMPTY) empty_us = us;
+                double net = us - empty_us;
+                double mb = slice * (double)grid / 1e6;
+                if (v == V_EMPTY)
+                    printf("%-9s %9.1f %6d %10.1f %9.2f %9s %9s\n", vname[v], mb, grid, slice / 1024.0, us, "-", "-");
+                else
+                    printf("%-9s %9.1f %6d %10.1f %9.2f %9.2f %9.2f\n", vname[v], mb, grid, slice / 1024.0, us,
+                           mb / us, net > 0 ? mb / net : 0.0);
+                CK(cudaGraphExecDestroy(ge));
+                CK(cudaGraphDestroy(g));
+            }
+        }
+    return 0;
+}
