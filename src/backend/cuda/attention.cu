@@ -230,23 +230,22 @@ __device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
     return min(ns, (T + chunk - 1) / chunk);
 }
 
-// One head of D values (x, global) normalized with weights w and rotated with the row's angles
-// cs ((half) cos, (half) sin) into out (shared memory), by one warp: norm_rope_kernel's
-// operations in its order, so the values are the ones that kernel writes.
+// One head of D values (v: lane's elements e·32 + lane, loaded by the caller so that a block's
+// loads fly together) normalized with weights w (the same lanes' elements; NULL: none) and
+// rotated with the row's angles cs ((half) cos, (half) sin) into out (shared memory), by one
+// warp: norm_rope_kernel's operations in its order, so the values are the ones that kernel writes.
 template <int EPL>
-__device__ __forceinline__ void attn_norm_rope(const float *x, const float *w, const float *cs, int half, float eps,
-                                               float *out) {
+__device__ __forceinline__ void attn_norm_rope(const float (&v)[EPL], const float (&w)[EPL], const float *cs, int half,
+                                               float eps, float *out) {
     constexpr int D = EPL * 32;
     int lane = threadIdx.x & 31;
-    float v[EPL], ss = 0.0f;
-#pragma unroll
-    for (int e = 0; e < EPL; e++) v[e] = x[lane + 32 * e];
+    float ss = 0.0f;
 #pragma unroll
     for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     float s = 1.0f / sqrtf(ss / D + eps);
 #pragma unroll
-    for (int e = 0; e < EPL; e++) out[lane + 32 * e] = v[e] * s * (w ? w[lane + 32 * e] : 1.0f);
+    for (int e = 0; e < EPL; e++) out[lane + 32 * e] = v[e] * s * w[e];
     __syncwarp();
     for (int k = lane; k < half; k += 32) {
         float c = cs[k], sn = cs[half + k], x0 = out[k], x1 = out[k + half];
@@ -254,6 +253,13 @@ __device__ __forceinline__ void attn_norm_rope(const float *x, const float *w, c
         out[k + half] = x1 * c + x0 * sn;
     }
     __syncwarp();
+}
+
+// A lane's elements e·32 + lane of a head (x, global), or of the norm weights (1 where none).
+template <int EPL> __device__ __forceinline__ void attn_load_head(const float *x, float (&v)[EPL]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) v[e] = x ? x[lane + 32 * e] : 1.0f;
 }
 
 // A warp stores row-head rh's outputs (lane holding elements e·32 + lane: a[e]), with GATE times
@@ -491,24 +497,43 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         attn_fetch_tile<D, TK>(kt, p.kc, NULL, 0, p, hk, t_begin, t_old, pos0);
         attn_fetch_tile<D, TK>(vt, p.vc, NULL, 0, p, hk, t_begin, t_old, pos0);
     }
+    // The norm weights no kernel writes: read before the wait.
+    float wq[EPL], wk[EPL];
+    if (p.qn) {
+        attn_load_head<EPL>(p.qn, wq);
+        attn_load_head<EPL>(p.kn, wk);
+    }
     // STRATA_CUDA_TRACE marks: 0 a first read of q arrived, 1 q and k normed and rotated, 2 the new
     // rows stored, 3 tiles done, 4 partials out, 5 counted in
     unsigned ts = st_pdl_begin();
     st_trace_probe(ts, 0, p.q);
 
+    // Every read of the kernels' outputs before this one is issued at once (the warp's queries,
+    // its first new k row, the storing block's first v values): one round trip, not one each.
+    const bool stores = p.knew && blockIdx.x == 0 && split == 0; // the fused store: head hk of the new rows
     const float *kfresh = p.knew ? p.knew + hk * D : NULL;
     int kstride = p.nv;
+    float v0 = 0.0f; // the store's first value of vnew for this thread
+    if (stores && tid < p.n * D) v0 = p.vnew[(size_t)(tid / D) * p.nv + hk * D + tid % D];
     if (p.qn) {
+        float qv[QPW][EPL], kv0[EPL];
+#pragma unroll
+        for (int jj = 0; jj < QPW; jj++) {
+            int qi = qbase + w * QPW + jj;
+            attn_load_head<EPL>(qi < p.nq ? p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS : NULL, qv[jj]);
+        }
+        if (w < p.n) attn_load_head<EPL>(p.knew + (size_t)w * p.nv + hk * D, kv0);
         __syncthreads(); // the angles
-        for (int i = w; i < p.n; i += ATTN_WARPS)
-            attn_norm_rope<EPL>(p.knew + (size_t)i * p.nv + hk * D, p.kn, cs + i * 2 * half, half, p.eps, Kn + i * D);
-#pragma unroll 1
+        for (int i = w; i < p.n; i += ATTN_WARPS) {
+            if (i != w) attn_load_head<EPL>(p.knew + (size_t)i * p.nv + hk * D, kv0);
+            attn_norm_rope<EPL>(kv0, wk, cs + i * 2 * half, half, p.eps, Kn + i * D);
+        }
+#pragma unroll
         for (int jj = 0; jj < QPW; jj++) {
             int qi = qbase + w * QPW + jj;
             float *qs = Qs + (w * QPW + jj) * D;
             if (qi < p.nq)
-                attn_norm_rope<EPL>(p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS, p.qn,
-                                    cs + (qi / p.G) * 2 * half, half, p.eps, qs);
+                attn_norm_rope<EPL>(qv[jj], wq, cs + (qi / p.G) * 2 * half, half, p.eps, qs);
             else
                 for (int e = lane; e < D; e += 32) qs[e] = 0.0f;
         }
@@ -521,10 +546,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             Qs[e] = qi < p.nq ? p.q[((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS + e % D] : 0.0f;
         }
     }
-    if (p.knew && blockIdx.x == 0 && split == 0) { // the fused store: head hk of the new rows
+    if (stores) {
         for (int e = tid; e < p.n * D; e += blockDim.x) {
             int i = e / D, x = hk * D + e % D;
-            float kv = kfresh[(size_t)i * kstride + e % D], vv = p.vnew[(size_t)i * p.nv + x];
+            float kv = kfresh[(size_t)i * kstride + e % D], vv = e == tid ? v0 : p.vnew[(size_t)i * p.nv + x];
             char *kr = (char *)p.kc + (size_t)(pos0 + i) * p.row_bytes, *vr = (char *)p.vc + (size_t)(pos0 + i) * p.row_bytes;
             if (p.kv_type == ST_KV_F16) {
                 ((__half *)kr)[x] = __float2half_rn(kv);
