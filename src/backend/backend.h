@@ -205,6 +205,22 @@ typedef struct st_hand_args {
 // calls (prompt chunks) always run as they come.
 #define ST_GRAPH_ROWS 16
 
+// A recorded window is planned for a context of st_graph_ctx(pos_end, n_ctx) positions: 256, then
+// doubling past the window's last position pos_end, at most the cache's n_ctx. So a short
+// context's kernels (attention's splits of the context) are sized for it, not for the whole
+// cache. The caller keeps a recording per window size and plan (st_graph_plan, < ST_GRAPH_PLANS),
+// so a context that outgrows its plan is recorded anew.
+#define ST_GRAPH_PLANS 20
+static inline int st_graph_plan(int pos_end) {
+    int k = 0;
+    while (k < ST_GRAPH_PLANS - 1 && (256 << k) < pos_end) k++;
+    return k;
+}
+static inline int st_graph_ctx(int pos_end, int n_ctx) {
+    int c = 256 << st_graph_plan(pos_end);
+    return c < n_ctx ? c : n_ctx;
+}
+
 // Work a backend may record once and replay (a CUDA graph of a decode step): see run.
 typedef st_status (*st_work_fn)(void *ctx);
 

@@ -45,7 +45,8 @@ struct st_state {
     float *logits;            // (HEAD_ROWS, n_vocab) head output on backends without host memory;
                               // (1, n_vocab) on host memory, the row whose argmax alone is wanted
     int32_t *best;            // (HEAD_ROWS) their argmax
-    void *graphs[3][ST_GRAPH_ROWS + 1]; // recordings per (logits wanted: none / last / all, rows)
+    void *graphs[3][ST_GRAPH_ROWS + 1][ST_GRAPH_PLANS]; // recordings per (logits wanted: none / last / all,
+                                                       // rows, plan of the context: st_graph_plan)
 };
 
 // Rows of logits a device backend computes per head call (bounds the buffer for long chunks).
@@ -223,7 +224,8 @@ void st_state_free(st_state *s) {
     s->b->ops->free(s->b, s->logits);
     s->b->ops->free(s->b, s->best);
     for (int i = 0; i < 3; i++)
-        for (int j = 0; j <= ST_GRAPH_ROWS; j++) s->b->ops->graph_free(s->b, s->graphs[i][j]);
+        for (int j = 0; j <= ST_GRAPH_ROWS; j++)
+            for (int k = 0; k < ST_GRAPH_PLANS; k++) s->b->ops->graph_free(s->b, s->graphs[i][j][k]);
     st_free(s->kv);
     st_free(s->conv);
     st_free(s->ssm);
@@ -411,7 +413,8 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory;
     fwd_work w = {.s = s, .n = n, .pos0 = s->pos, .head_first = small && logits ? (mode == 2 ? 0 : n - 1) : -1};
     ST_TRY(st_experts_begin(s->ex, s->b, n, hp->n_expert_used, hp->n_embd, 0, hp->n_layer));
-    st_status rs = small ? s->b->ops->run(s->b, &s->graphs[mode][n], forward_work, &w) : forward_work(&w);
+    void **slot = &s->graphs[mode][n][st_graph_plan(s->pos + n)];
+    st_status rs = small ? s->b->ops->run(s->b, slot, forward_work, &w) : forward_work(&w);
     st_status ss = st_experts_serve(s->ex, rs != ST_OK); // the CPU's experts, before anything waits
     ST_TRY(rs);
     ST_TRY(ss);

@@ -135,6 +135,30 @@ static void run_gated_case(st_backend *b, const gated_case *gc) {
     free(wf), free(wq), free(qn), free(kn);
 }
 
+// The plans a recorded window is sized for: 256 positions, doubling past the window's end, at
+// most the cache's context; the plan index names each size once.
+static void test_graph_plans(void **state) {
+    (void)state;
+    assert_int_equal(st_graph_plan(1), 0);
+    assert_int_equal(st_graph_plan(256), 0);
+    assert_int_equal(st_graph_plan(257), 1);
+    assert_int_equal(st_graph_plan(512), 1);
+    assert_int_equal(st_graph_plan(513), 2);
+    assert_int_equal(st_graph_ctx(80, 144), 144);
+    assert_int_equal(st_graph_ctx(80, 32768), 256);
+    assert_int_equal(st_graph_ctx(300, 32768), 512);
+    assert_int_equal(st_graph_ctx(32768, 32768), 32768);
+    assert_int_equal(st_graph_ctx(20000, 24000), 24000);
+    // Past the largest plan the index stays in range (the recording then plans for that size,
+    // and the kernels still cover every position: their splits grow).
+    assert_int_equal(st_graph_plan(1 << 30), ST_GRAPH_PLANS - 1);
+    for (int e = 1; e < 1 << 22; e = e * 3 / 2 + 1) {
+        int c = st_graph_ctx(e, 1 << 30);
+        assert_true(c >= e && c < 2 * e + 256);
+        assert_true(st_graph_plan(e) == st_graph_plan(c));
+    }
+}
+
 static void test_gated_attention_equals_its_ops(void **state) {
     (void)state;
     st_backend *b = NULL;
@@ -152,6 +176,7 @@ static void test_gated_attention_equals_its_ops(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_plans),
         cmocka_unit_test(test_gated_attention_equals_its_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -109,6 +109,12 @@ typedef struct attn_params {
     const float *gate;
 } attn_params;
 
+// The cluster merge's receiving area: for each query a block merges (ql = rank + k cs, k <
+// ceil(qn / cs) for qn queries a tile, slot k cs + source rank), one partial of each split of its
+// cluster of cs; past the tiles' shared memory (smem) and the fused norms' (extra).
+__host__ __device__ constexpr int attn_recv_floats(int qn, int cs, int D) { return (qn + cs - 1) / cs * cs * (D + 2); }
+__host__ __device__ constexpr size_t attn_recv_at(size_t smem, size_t extra) { return smem + (extra + 15) / 16 * 16; }
+
 // Zero at load; the last block of each (query tile, kv head) puts its counter back to zero, so
 // every launch (and every graph replay) starts from zero. Kernels on the one stream never
 // overlap, so one array serves every layer.
@@ -351,65 +357,26 @@ __device__ __forceinline__ float2 attn_merge(float2 ml, int ns, F acc_of, float 
 }
 
 #if defined(ST_CLUSTERS)
-// The splits of a cluster (p.cs consecutive splits of one query tile and KV head) merge their
-// partials in shared memory: each block writes its queries' (m, l, acc) there; after the
-// cluster's barrier, block r merges queries r, r + cs, ... (a warp a query) over the cluster's
-// splits that hold positions, reading the others' shared memory. When all the positions are in
-// this cluster (every short context), that is the output; else the merged partial counts in
-// through L2 like one split of the counting path, and the last block merges the clusters'.
+// Several clusters: the cluster's merged partial of row-head rh (ML, a) to L2 for the last block.
+template <int EPL>
+__device__ __forceinline__ void attn_cluster_partial(const attn_params &p, int c0, size_t rh, float2 ML, const float (&a)[EPL]) {
+    constexpr int PS = EPL * 32 + 2;
+    int lane = threadIdx.x & 31;
+    float *pp = p.part + ((size_t)(c0 / p.cs) * p.n * p.H + rh) * PS;
+    if (lane == 0) pp[0] = ML.x, pp[1] = ML.y;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = a[e];
+}
+
+// Several clusters: count in (every block of the clusters with positions); the last merges the
+// clusters' partials from L2.
 template <int EPL, int QPW, bool GATE>
-__device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const float (&m)[QPW], const float (&l)[QPW],
-                                               const float (&acc)[QPW][EPL], int T, unsigned ts) {
+__device__ __forceinline__ void attn_clusters_combine(const attn_params &p, int T, unsigned ts) {
     typedef attn_shape<EPL, QPW> S;
-    constexpr int D = S::D, QB = S::QB, PS = D + 2; // a query's partial: m, l, acc
-    static_assert(QB * PS <= S::TK * S::KST + S::TK * S::D + QB * D, "partials fit the tiles' shared memory");
-    extern __shared__ float4 sm4[];
-    float *ps = (float *)sm4;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB, split = blockIdx.y;
-    const int cs = p.cs, rank = split % cs, c0 = split - rank; // the cluster's first split
-    __syncthreads(); // every warp is done with the tiles
-#pragma unroll
-    for (int jj = 0; jj < QPW; jj++) {
-        float lsum = l[jj];
-        for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
-        float *pp = ps + (w * QPW + jj) * PS;
-        if (lane == 0) pp[0] = m[jj], pp[1] = lsum;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
-    }
-    st_cluster_sync(); // the cluster's partials
-    st_trace_mark(ts, 4);
-    const int act = attn_active_splits(T, p.ns, p.min_chunk);
-    const int here = min(cs, act - c0); // this cluster's splits with positions (>= 1)
-    const bool whole = act <= cs;       // all of them: the merge is the output
-    const int nc = (act + cs - 1) / cs; // clusters with positions
-    for (int ql = rank + cs * w; ql < QB; ql += cs * ATTN_WARPS) {
-        int qi = qbase + ql;
-        if (qi >= p.nq) break;
-        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G; // (row, head)
-        float2 ml = make_float2(-INFINITY, 0.0f);
-        if (lane < here) ml = *(const float2 *)st_cluster_peer(ps + ql * PS, (unsigned)lane);
-        float a[EPL];
-        float2 ML = attn_merge<EPL>(ml, here, [&](int s2) { return st_cluster_peer(ps + ql * PS + 2, (unsigned)s2); }, a);
-        if (whole) {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
-            attn_store_out<EPL, GATE>(p, rh, a, lane);
-        } else {
-            float *pp = p.part + ((size_t)(c0 / cs) * p.n * p.H + rh) * PS;
-            if (lane == 0) pp[0] = ML.x, pp[1] = ML.y;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = a[e];
-        }
-    }
-    st_cluster_sync(); // the others are done reading this block's partials
-    if (whole) {
-        st_trace_end();
-        return;
-    }
-    // Several clusters: count in (every block of the clusters with positions); the last merges
-    // the clusters' partials.
-    if (!attn_count_in(p, (unsigned)(nc * cs), ts)) return;
+    constexpr int QB = S::QB, PS = S::D + 2;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB;
+    const int act = attn_active_splits(T, p.ns, p.min_chunk), nc = (act + p.cs - 1) / p.cs;
+    if (!attn_count_in(p, (unsigned)(nc * p.cs), ts)) return;
     const size_t ss = (size_t)p.n * p.H * PS; // from one cluster's partials to the next
     for (int ql = w; ql < QB; ql += ATTN_WARPS) {
         int qi = qbase + ql;
@@ -425,6 +392,72 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
     }
     st_trace_end();
 }
+
+// The splits of a cluster (p.cs consecutive splits of one query tile and KV head) merge their
+// partials in shared memory. Block r merges queries r, r + cs, ... (a warp a query): each block
+// with positions stores its queries' (m, l, acc) straight into the merging block's receiving
+// area (attn_recv_floats, past the tiles and the norms', so a peer may store while this block
+// still works on its tiles), one cluster barrier publishes them, and each block merges its
+// queries from its own shared memory and leaves without waiting for the others. (Loading the
+// peers' partials instead costs a round trip to each and a second barrier before a block may
+// leave: 1.2 us more a call, bench/results/2026-12-03-attention-merge.md.) When all the
+// positions are in this cluster (every short context), the merge is the output; else the merged
+// partial counts in through L2 like one split of the counting path, and the last block merges
+// the clusters'.
+template <int EPL, int QPW, bool GATE>
+__device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const float (&m)[QPW], const float (&l)[QPW],
+                                              const float (&acc)[QPW][EPL], int T, unsigned ts) {
+    typedef attn_shape<EPL, QPW> S;
+    constexpr int D = S::D, QB = S::QB, PS = D + 2;
+    extern __shared__ float4 sm4[];
+    float *recv = (float *)((char *)sm4 + attn_recv_at(S::smem, p.extra)); // (attn_cluster_size sizes it)
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB, split = blockIdx.y;
+    const int cs = p.cs, rank = split % cs, c0 = split - rank;
+    const int act = attn_active_splits(T, p.ns, p.min_chunk);
+    const int here = min(cs, act - c0); // this cluster's splits with positions (>= 1)
+    st_cluster_wait(); // every block of the cluster has started (attn_kernel's arrival at its start)
+    if (rank < here) {
+#pragma unroll
+        for (int jj = 0; jj < QPW; jj++) {
+            float lsum = l[jj];
+            for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+            int ql = w * QPW + jj;
+            if (qbase + ql >= p.nq) continue;
+            float *pp = st_cluster_peer(recv + ((ql / cs) * cs + rank) * PS, (unsigned)(ql % cs));
+            if (lane == 0) *(float2 *)pp = make_float2(m[jj], lsum);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
+        }
+    }
+    st_trace_mark(ts, 10);
+    st_cluster_sync(); // every partial is in its merging block
+    st_trace_mark(ts, 4);
+    const bool whole = act <= cs;
+    for (int ql = rank + cs * w; ql < QB; ql += cs * ATTN_WARPS) {
+        int qi = qbase + ql;
+        if (qi >= p.nq) break;
+        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+        const float *base = recv + (ql / cs) * cs * PS;
+        float2 ml = lane < here ? *(const float2 *)(base + lane * PS) : make_float2(-INFINITY, 0.0f);
+        float a[EPL];
+        float2 ML = attn_merge<EPL>(ml, here, [&](int s2) { return base + s2 * PS + 2; }, a);
+        if (ql == rank) st_trace_mark(ts, 6);
+        if (whole) {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
+            attn_store_out<EPL, GATE>(p, rh, a, lane);
+        } else {
+            attn_cluster_partial<EPL>(p, c0, rh, ML, a);
+        }
+    }
+    st_trace_mark(ts, 7);
+    if (whole) {
+        st_trace_end();
+        return;
+    }
+    attn_clusters_combine<EPL, QPW, GATE>(p, T, ts);
+}
+
 #endif
 
 // The cluster kernel's merge (sm_90+): true when it ran; the counting kernel goes on to its own.
@@ -474,6 +507,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         if (CL ? split / p.cs * p.cs * chunk >= T : t_begin >= T) return;
         t_end = t_begin >= T ? t_begin : min(t_end, t_begin + chunk);
     }
+#if defined(ST_CLUSTERS)
+    if (CL) st_cluster_arrive_relaxed(); // started: the cluster's others may store into this block
+#endif
     const int half = p.n_rot / 2;
     float *Kn = Ps + QB * TK;      // fused norms: (n, D) this head's new k rows, normalized and rotated
     float *cs = Kn + p.n * D;      // (n, 2 half) each row's cos | sin
@@ -504,7 +540,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         attn_load_head<EPL>(p.kn, wk);
     }
     // STRATA_CUDA_TRACE marks: 0 a first read of q arrived, 1 q and k normed and rotated, 2 the new
-    // rows stored, 3 tiles done, 4 partials out, 5 counted in
+    // rows stored, 3 tiles done, 4 partials out, 5 counted in; in a cluster 6 its first query
+    // merged, 7 all its queries stored, 10 its partials written (before the cluster's barrier); 8 the
+    // first tile in shared memory, 9 its scores and weights done
     unsigned ts = st_pdl_begin();
     st_trace_probe(ts, 0, p.q);
 
@@ -595,6 +633,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             attn_fetch_tile<D, TK>(vt, p.vc, vfresh, p.nv, p, hk, t0 + TK, t_end, pos0);
         }
         __syncthreads();
+        if (t0 == t_begin) st_trace_mark(ts, 8);
         if (t0 > wlim) continue; // causal: none of this warp's queries sees this tile
 
         float s[QPW];
@@ -630,6 +669,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             if (part == 0) Ps[(w * QPW + jj) * TK + tt] = pr;
         }
         __syncwarp();
+        if (t0 == t_begin) st_trace_mark(ts, 9);
 #pragma unroll 4
         for (int u = 0; u < TK; u++) {
             float vv[EPL];
@@ -780,25 +820,30 @@ attn_combine_kernel(const float *part, float *out, int nh, int D, int ns, const 
 // The in-kernel combine in clusters of up to 8 splits, where the GPU runs them (sm_90+) and for
 // the models' head sizes (64, 128, 256; the others keep the counting path, and their cluster
 // kernels are never built): *ns rounded down to a multiple of the size returned (so the grid
-// still fits the GPU at once), at most 32 clusters; 1: no clusters.
+// still fits the GPU at once), at most 32 clusters; 1: no clusters. *csmem: the cluster kernel's
+// shared memory, with the merge's receiving area (attn_cluster_merge).
 #define ATTN_CLUSTER_EPL(EPL) ((EPL) == 2 || (EPL) == 4 || (EPL) == 8)
 template <int EPL, int QPW>
 static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *c, const attn_params *p, int qt,
-                                                                      int *ns, int n_head_kv, size_t smem) {
+                                                                      int *ns, int n_head_kv, size_t *csmem) {
+    typedef attn_shape<EPL, QPW> S;
     // (the plain kernel's plan for the gated one too: see attn_launch)
     void (*plain)(attn_params) = attn_kernel<EPL, QPW, true, false>;
     int cs = *ns < 8 ? *ns : 8, nsc = *ns / cs * cs;
+    int qn = p->nq < S::QB ? p->nq : S::QB;
+    size_t smem = attn_recv_at(S::smem, p->extra) + sizeof(float) * attn_recv_floats(qn, cs, S::D);
     st_allow_smem(c, plain, smem);
     if (p->gate) st_allow_smem(c, attn_kernel<EPL, QPW, true, true>, smem);
     if (nsc > 256 ||
         !st_cluster_fits(c, plain, cs, dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
         return 1;
     *ns = nsc;
+    *csmem = smem;
     return cs;
 }
 template <int EPL, int QPW>
 static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *, const attn_params *, int, int *,
-                                                                       int, size_t) {
+                                                                       int, size_t *) {
     return 1;
 }
 template <int EPL, int QPW>
@@ -821,7 +866,7 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     // decode and verify windows, and short chunks late in a long context. Sizes only, so a
     // recording stays valid; splits past the current context do no work.
     int base = n_head_kv * qt, sms = c->prop.multiProcessorCount;
-    size_t smem = S::smem + p->extra;
+    size_t smem = S::smem + p->extra, csmem = smem; // (csmem: the cluster kernel's)
     void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, false, true> : attn_kernel<EPL, QPW, false, false>;
     // At most what fits the GPU at once (blocks past it would start only when the first leave,
     // and the next kernel's blocks could not start early). The plan (splits, clusters) is the
@@ -844,7 +889,7 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     ns = ns < 1 ? 1 : ns;
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
     bool clusters = ns > 1 && p->counters && st_cluster_on();
-    p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, p, qt, &ns, n_head_kv, smem) : 1;
+    p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, p, qt, &ns, n_head_kv, &csmem) : 1;
     if (p->cs == 1) st_allow_smem(c, k, smem);
     p->ns = ns;
     if (ns > 1) {
@@ -853,7 +898,7 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
         if (!p->part) return; // the error is kept
     }
     dim3 grid((unsigned)qt, (unsigned)ns, (unsigned)n_head_kv);
-    if (p->cs == 1 || !attn_launch_clusters<EPL, QPW>(c, p, grid, smem))
+    if (p->cs == 1 || !attn_launch_clusters<EPL, QPW>(c, p, grid, csmem))
         st_launch(c, k, grid, ATTN_WARPS * 32, smem, *p);
     ST_CU_LAUNCHED(c, "attention");
     if (ns > 1 && !p->counters) {
@@ -1299,13 +1344,15 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     // Tiles of 64 positions where they fit the shared memory, else 32 (head_dim 128 on sm_86/89,
     // 256 everywhere).
     size_t optin = c->prop.sharedMemPerBlockOptin;
-    int T = a->n > ST_CUDA_GRAPH_ROWS ? a->pos0 + a->n : kv->n_ctx;
+    // Prompt chunks: the context so far. Decode and verify windows: the window's plan
+    // (st_graph_ctx), which a recording keeps while the context stays within it.
+    int T = a->n > ST_CUDA_GRAPH_ROWS ? a->pos0 + a->n : st_graph_ctx(a->pos0 + a->n, kv->n_ctx);
     if (tc && D == 64) attn_tc_launch<64, 64>(c, &p, kv->n_head_kv, T);
     else if (tc && D == 128 && tc_shape<128, 64>::smem <= optin) attn_tc_launch<128, 64>(c, &p, kv->n_head_kv, T);
     else if (tc && D == 128) attn_tc_launch<128, 32>(c, &p, kv->n_head_kv, T);
     else if (tc && tc_shape<256, 32>::smem <= optin) attn_tc_launch<256, 32>(c, &p, kv->n_head_kv, T);
     else switch (D / 32) {
-#define CASE(E) case E: attn_dispatch<E>(c, &p, kv->n_head_kv, kv->n_ctx); break;
+#define CASE(E) case E: attn_dispatch<E>(c, &p, kv->n_head_kv, T); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }

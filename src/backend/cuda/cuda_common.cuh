@@ -108,7 +108,7 @@ typedef struct st_trace_dev {
     unsigned mark_at[3];
 } st_trace_dev;
 // Points inside a kernel that block 0 may time (st_trace_mark), reported after its release.
-#define ST_TRACE_MARKS 8
+#define ST_TRACE_MARKS 12
 // st_trace_end's histogram: 2^16 bins of 2^8 ns, a ring of 16.8 ms (a replay is a few ms).
 #define ST_TRACE_BINS 65536
 #define ST_TRACE_BIN_SHIFT 8
@@ -685,9 +685,17 @@ __device__ __forceinline__ void st_cluster_sync() {
     __cluster_barrier_arrive();
     __cluster_barrier_wait();
 }
+// The two halves of a barrier apart: arriving without ordering memory (this block has started),
+// and waiting for the others' arrivals (their released writes acquired).
+__device__ __forceinline__ void st_cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
+__device__ __forceinline__ void st_cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
 // p (this block's shared memory) in block `rank` of the cluster: a generic address to load from.
 template <typename T> __device__ __forceinline__ const T *st_cluster_peer(const T *p, unsigned rank) {
     return (const T *)__cluster_map_shared_rank((const void *)p, rank);
+}
+// The same, to store to.
+template <typename T> __device__ __forceinline__ T *st_cluster_peer(T *p, unsigned rank) {
+    return (T *)__cluster_map_shared_rank((void *)p, rank);
 }
 #endif
 
