@@ -413,8 +413,8 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
     bool small = n <= ST_GRAPH_ROWS && !s->b->ops->host_memory;
     fwd_work w = {.s = s, .n = n, .pos0 = s->pos, .head_first = small && logits ? (mode == 2 ? 0 : n - 1) : -1};
     ST_TRY(st_experts_begin(s->ex, s->b, n, hp->n_expert_used, hp->n_embd, 0, hp->n_layer));
-    void **slot = &s->graphs[mode][n][st_graph_plan(s->pos + n)];
-    st_status rs = small ? s->b->ops->run(s->b, slot, forward_work, &w) : forward_work(&w);
+    st_status rs = small ? s->b->ops->run(s->b, &s->graphs[mode][n][st_graph_plan(s->pos + n)], forward_work, &w)
+                         : forward_work(&w);
     st_status ss = st_experts_serve(s->ex, rs != ST_OK); // the CPU's experts, before anything waits
     ST_TRY(rs);
     ST_TRY(ss);
