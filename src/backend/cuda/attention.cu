@@ -408,7 +408,7 @@ template <int EPL, int QPW, bool GATE>
 __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const float (&m)[QPW], const float (&l)[QPW],
                                               const float (&acc)[QPW][EPL], int T, unsigned ts) {
     typedef attn_shape<EPL, QPW> S;
-    constexpr int D = S::D, QB = S::QB, PS = D + 2;
+    constexpr int D = S::D, QB = S::QB, PS = D + 2; // a query's partial: m, l, acc
     extern __shared__ float4 sm4[];
     float *recv = (float *)((char *)sm4 + attn_recv_at(S::smem, p.extra)); // (attn_cluster_size sizes it)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB, split = blockIdx.y;
@@ -436,7 +436,7 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
     for (int ql = rank + cs * w; ql < QB; ql += cs * ATTN_WARPS) {
         int qi = qbase + ql;
         if (qi >= p.nq) break;
-        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G; // (row, head)
         const float *base = recv + (ql / cs) * cs * PS;
         float2 ml = lane < here ? *(const float2 *)(base + lane * PS) : make_float2(-INFINITY, 0.0f);
         float a[EPL];
