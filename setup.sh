@@ -185,6 +185,10 @@ else
 fi
 HAVE_CUDA=1
 if [ "$SKIP_BUILD" = 0 ] && ! compgen -G "build/CMakeFiles/*/CMakeCUDACompiler.cmake" >/dev/null; then HAVE_CUDA=0; fi
+# Why the build has no CUDA backend, in CMake's words (cmake/cuda_toolkit.cmake: no nvcc, a
+# toolkit older than 12.0, ...).
+NO_CUDA_WHY=$(sed -n 's/^STRATA_NO_CUDA_WHY:INTERNAL=//p' build/CMakeCache.txt 2>/dev/null || true)
+[ -z "$NO_CUDA_WHY" ] || HAVE_CUDA=0
 
 # ---- the config: strata-<model>.json, named after the GGUF file (shard suffix dropped)
 model_name() {
@@ -257,7 +261,7 @@ fi
 GPU_NOW=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("gpu","auto"))' "$CONFIG")
 if [ "$GPU_NOW" = cpu ] || [ -z "$USABLE" ] || [ "$HAVE_CUDA" = 0 ]; then
   if [ -n "$USABLE" ] && [ "$HAVE_CUDA" = 0 ]; then
-    say "this build has no CUDA backend (nvcc was not found): Strata will run on the CPU"
+    say "this build has no CUDA backend (${NO_CUDA_WHY:-nvcc was not found}): Strata will run on the CPU"
   elif [ -z "$USABLE" ]; then
     say "no NVIDIA GPU that Strata can use: it will run on the CPU"
   else

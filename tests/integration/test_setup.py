@@ -115,6 +115,20 @@ def test_without_a_usable_gpu_it_says_cpu(repo):
     assert "CUDA architectures" not in r.stdout
 
 
+def test_a_build_without_cuda_says_why(repo):
+    # The configure step found a toolkit too old for the kernels (cmake/cuda_toolkit.cmake) and
+    # built the CPU backend only: setup names the reason, and the usable card is not chosen.
+    (repo / "build").mkdir()
+    (repo / "build" / "CMakeCache.txt").write_text(
+        "STRATA_NO_CUDA_WHY:INTERNAL=the CUDA toolkit at /usr/bin/nvcc is 11.8; Strata's kernels need 12.0 or newer\n")
+    gpus(repo, [RTX_3090])
+    r = setup(repo, "--yes", "--no-start")
+    assert r.returncode == 0, r.stderr
+    assert ("this build has no CUDA backend (the CUDA toolkit at /usr/bin/nvcc is 11.8; Strata's kernels need 12.0 "
+            "or newer): Strata will run on the CPU") in r.stdout, r.stdout
+    assert config(repo)["gpu"] == "cpu"
+
+
 def test_kept_config_is_used_and_flags_update_it(repo):
     gpus(repo, [RTX_3090])
     assert setup(repo, "--yes", "--no-start").returncode == 0
