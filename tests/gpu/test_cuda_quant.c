@@ -675,6 +675,18 @@ static void test_moe(void **state) {
         {8, 2, 200, 288, 160, ST_TYPE_Q4_0, ST_TYPE_Q5_0, ST_TYPE_IQ4_NL, 0.05}, // gate and up differ (one activation type on the CPU)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
+    // One row with the weight rows read from shared memory (STRATA_MOE_BULK=1; sm_90), at the
+    // cases above and at widths of the real shapes (aligned rows: Q4_K 1,152 and 432 bytes).
+    static const moe_case one[] = {
+        {8, 2, 1, 2048, 768, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q4_K, 0.05},
+        {12, 10, 1, 2048, 512, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q8_0, 0.05},
+        {8, 3, 1, 512, 288, ST_TYPE_Q5_K, ST_TYPE_Q5_K, ST_TYPE_Q4_0, 0.05}, // down's 162-byte rows: from memory
+    };
+    setenv("STRATA_MOE_BULK", "1", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (cases[i].n == 1) moe_run(&cases[i]);
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) moe_run(&one[i]);
+    unsetenv("STRATA_MOE_BULK");
     // Prompt chunks through the unstaged tile GEMM (STRATA_GMM_STAGED=0; above: the staged one).
     setenv("STRATA_GMM_STAGED", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -696,9 +708,12 @@ static void test_moe(void **state) {
 // Every variant adds a shared expert's gated output: the reference with add_gated_rows after
 // the op on its old path (STRATA_MOE_LATE: the down blocks learn their expert after their wait),
 // the others (one row: the down blocks take their expert before their wait, from the ids or by
-// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s.
-enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_NV };
-static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated"};
+// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s. The last two read
+// the weight rows from shared memory (STRATA_MOE_BULK=1, sm_90; elsewhere the same path again).
+enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_BULK_GATED, FOLD_BULK_IDS, FOLD_NV };
+static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated",
+                                                "logits + gated, rows in shared memory",
+                                                "ids + gated, rows in shared memory"};
 
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
     // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
@@ -728,12 +743,14 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         gpu->ops->zero(gpu, cnt[v], sizeof(uint32_t) * E);
         st_moe_args a = {.layer = 0, .gate = &gg, .up = &ug, .down = &dg, .x = xd, .ids = ids[v], .weights = w[v],
                          .n = n, .k = k, .y = y[v], .slot_map = mapd, .n_expert = E, .counts = cnt[v]};
-        if (v == FOLD_REF || v == FOLD_IDS) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
+        if (v == FOLD_REF || v == FOLD_IDS || v == FOLD_BULK_IDS) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
         else a.logits = ld;
-        if (v == FOLD_GATED || v == FOLD_IDS) a.gated_o = sod, a.gated_s = ssd;
+        if (v != FOLD_REF && v != FOLD_LOGITS) a.gated_o = sod, a.gated_s = ssd;
         if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1);
+        if (v >= FOLD_BULK_GATED) setenv("STRATA_MOE_BULK", "1", 1);
         gpu->ops->moe(gpu, &a);
         unsetenv("STRATA_MOE_LATE");
+        unsetenv("STRATA_MOE_BULK");
         if (!a.gated_o) gpu->ops->add_gated_rows(gpu, y[v], sod, ssd, n, d);
     }
     int32_t *hi[FOLD_NV];

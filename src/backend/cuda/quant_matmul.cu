@@ -1768,6 +1768,10 @@ struct st_moe2_args {
     // their outputs in shared memory and sum them there (moe2_cluster_combine), instead of
     // counting in and the last block reading the outputs back from L2.
     bool cluster;
+    // One row, sm_90 (STRATA_MOE_BULK=1): each warp's weight rows are copied into shared memory
+    // by the copy engine (moe2_bulk_begin) and read there; bulk is the bytes a warp's rows take
+    // (0: read from global memory), bulk_off where the warps' areas start in dynamic shared memory.
+    int bulk, bulk_off;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1847,9 +1851,12 @@ __device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2
 
 // One row with the routing folded in (p.logits): every block ranks the row's logits itself
 // (route_rank) and takes the expert of rank blockIdx.y; block (0, 0) also writes the row's ids
-// and weights and counts them. The row's x is quantized meanwhile, as moe2_one does.
+// and weights and counts them. The row's x is quantized meanwhile, as moe2_one does. ranked(e)
+// runs as soon as the expert is known, before block (0, 0) works out the weights (~1 us): the
+// rows in shared memory are asked for there.
+template <typename F>
 __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs,
-                               unsigned ts) {
+                               unsigned ts, F ranked) {
     route_load(p.logits, p.n_route, rs);
     quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                 (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
@@ -1857,11 +1864,12 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
     st_trace_mark(ts, 1);
     route_rank(p.n_route, p.k, rs, p.rank_pairs);
     st_trace_mark(ts, 2);
+    int u = blockIdx.y;
+    *e = moe2_matrix(p, rs.top[u]);
+    ranked(*e);
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
     st_trace_mark(ts, 3);
-    int u = blockIdx.y;
     if (threadIdx.x == 0) s_asg[0] = u;
-    *e = moe2_matrix(p, rs.top[u]);
     __syncthreads(); // s_asg
     return *e >= 0;
 }
@@ -1877,19 +1885,49 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
 // own, lane c of the half taking chunk c (rows of 32 chunks or fewer left half the lanes idle:
 // the Next-80B-A3B's down rows are 16 chunks long). A half's sums are the whole warp's were
 // (the idle lanes added zeros), so the outputs keep their bits.
-template <int T, int NX, bool GATE, int P, int W, bool HW = false>
+// BK (one row, p.bulk): the rows a warp computes, rows r0 .. r0 + WR - 1 of expert e's gate (and
+// of its up, after them), asked of the copy engine into the warp's area of dynamic shared memory
+// (moe2_rows reads them there). False (nothing asked) where the warp has no rows.
+template <bool GATE, int WR, int W>
+__device__ __forceinline__ bool moe2_bulk_begin(const st_moe2_args &p, int e, uint8_t *moe2_smem,
+                                                unsigned long long *bar) {
+    int warp = threadIdx.x >> 5;
+    int64_t r0 = (int64_t)blockIdx.x * (W * WR) + warp * WR;
+    if (r0 >= p.rows) return false;
+    unsigned nv = (unsigned)(p.rows - r0 < WR ? p.rows - r0 : WR);
+    uint8_t *area = moe2_smem + p.bulk_off + (size_t)warp * p.bulk;
+    const uint8_t *g = p.wg + (size_t)e * p.g_mat + (size_t)r0 * p.g_row_bytes;
+    if (GATE)
+        st_warp_bulk_begin(bar, area, g, nv * (unsigned)p.g_row_bytes, area + (size_t)WR * p.g_row_bytes,
+                           p.wu + (size_t)e * p.u_mat + (size_t)r0 * p.u_row_bytes, nv * (unsigned)p.u_row_bytes);
+    else
+        st_warp_bulk_begin(bar, area, g, nv * (unsigned)p.g_row_bytes, NULL, NULL, 0);
+    return true;
+}
+
+template <int T, int NX, bool GATE, int P, int W, bool HW = false, bool BK = false>
 __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
-                                          bool ready, unsigned ts, float *sh) {
+                                          bool ready, unsigned ts, float *sh, unsigned long long *bar = NULL,
+                                          bool issued = false) {
     static_assert(!HW || (!GATE && NX == 1), "half-warp rows: one row's down only");
+    static_assert(!BK || NX == 1, "rows in shared memory: one row only");
     constexpr int R = 2 * P;                         // weight rows per warp (a half: HW)
     constexpr int WR = GATE ? P : HW ? 4 * P : 2 * P; // output rows per warp
     constexpr int CL = HW ? 16 : 32;                 // lanes a row
     const int TT = NX == 1 ? 1 : p.tiles; // row tiles a block computes, one after another
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int half = HW ? lane >> 4 : 0, lc = HW ? lane & 15 : lane; // this lane's rows half * R .., its chunk
+    const uint8_t *brow = NULL; // BK: the warp's rows in shared memory, bnv of them valid
+    int bnv = 0;
     // Weight row i (of WR for down, R for gate/up) of this warp in the block's tile tt; rows past
     // the matrix read row 0.
     auto row_ptr = [&](int tt, int i) -> const uint8_t * {
+        if constexpr (BK) { // (tt == 0)
+            int j = GATE ? i / 2 : i;
+            j = j < bnv ? j : 0;
+            if (GATE && (i & 1)) return brow + (size_t)WR * p.g_row_bytes + (size_t)j * p.u_row_bytes;
+            return brow + (size_t)j * p.g_row_bytes;
+        }
         int64_t r0 = ((int64_t)blockIdx.x * TT + tt) * (W * WR) + warp * WR;
         if (GATE) {
             int64_t r = r0 + i / 2 < p.rows ? r0 + i / 2 : 0;
@@ -1902,7 +1940,12 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
     // Every tile's rows are asked of L2 at once (lane j: row j % PR of tile j / PR).
     constexpr int PR = GATE ? R : WR;
     const int64_t rb = (int64_t)blockIdx.x * TT * (W * WR) + warp * WR;
-    if (cuq_l2_hint) {
+    if constexpr (BK) {
+        if (!issued) moe2_bulk_begin<GATE, WR, W>(p, e, moe2_smem, bar);
+        if (rb < p.rows) st_warp_bulk_wait(bar);
+        brow = moe2_smem + p.bulk_off + (size_t)warp * p.bulk;
+        bnv = (int)(p.rows - rb < WR ? p.rows - rb : WR);
+    } else if (cuq_l2_hint) {
         if (!p.early && lane < PR * TT && rb + (int64_t)(lane / PR) * (W * WR) < p.rows)
             prefetch_l2_bulk(row_ptr(lane / PR, lane % PR), GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
     } else if (!p.early && rb < p.rows && lc < nchunk) {
@@ -2032,15 +2075,17 @@ template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const s
 }
 #endif
 
-// The body of both kernels below (W warps a block).
-template <int T, int NX, bool GATE, int P, int W, bool HW = false>
+// The body of the kernels below (W warps a block; BK: one row with the rows in shared memory).
+template <int T, int NX, bool GATE, int P, int W, bool HW = false, bool BK = false>
 __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     constexpr int DR = W * (HW ? 4 : 2) * P; // a block's row tile (down)
     const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     __shared__ st_route_smem rs;
+    __shared__ unsigned long long s_bar[BK ? W : 1]; // BK: each warp's copies complete here
     extern __shared__ __align__(16) uint8_t moe2_smem[];
     int e = -1, m = 0;
+    bool issued = false; // BK: this warp's rows asked for already (the down kernel's early path)
     // STRATA_CUDA_TRACE marks: 0 a first read of the input (the logits where it routes) arrived;
     // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
     // ready, 5 products done, 6 stored, 7 counted in (down).
@@ -2050,7 +2095,8 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
         e = moe2_expert_early(p, rs);
         int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
         const uint8_t *rows0 = p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes;
-        if (e >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
+        if (BK && e >= 0) issued = moe2_bulk_begin<false, DR / W, W>(p, e, moe2_smem, &s_bar[threadIdx.x / 32]);
+        else if (e >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
         else if (e >= 0) prefetch_l2(rows0, (size_t)nb * p.g_row_bytes);
         ts = st_pdl_begin();
         st_trace_probe(ts, 0, p.x + (size_t)blockIdx.y * p.cols);
@@ -2069,8 +2115,14 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
                 int v = p.ids[a];
                 if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
             }
+        // BK: the gate/up rows are asked for as soon as the routing names the expert.
+        auto ranked = [&](int ex) {
+            (void)ex;
+            if constexpr (BK && GATE)
+                if (ex >= 0) issued = moe2_bulk_begin<true, P, W>(p, ex, moe2_smem, &s_bar[threadIdx.x / 32]);
+        };
         m = NX != 1 ? moe2_members(p, s_asg, &e)
-          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts)
+          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts, ranked)
                     : moe2_one(p, s_asg, &e, moe2_smem, !GATE && p.hq);
     }
     st_trace_mark(ts, 4);
@@ -2081,7 +2133,8 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     constexpr bool CL = !GATE && NX == 1;
     __shared__ __align__(16) float s_h[HQ ? 32 : CL ? DR : 1];
     float *sh = HQ && p.hq ? s_h : CL && p.cluster ? s_h : NULL;
-    if (m > 0) moe2_rows<T, NX, GATE, P, W, HW>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh);
+    unsigned long long *bar = BK ? s_bar + threadIdx.x / 32 : NULL;
+    if (m > 0) moe2_rows<T, NX, GATE, P, W, HW, BK>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh, bar, issued);
     st_trace_mark(ts, 6);
     if (HQ && p.hq && m > 0) {
         __syncthreads();
@@ -2188,6 +2241,18 @@ template <int T, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS, 2) moe2_cap2_kernel(st_moe2_args p) {
     moe2_body<T, 1, GATE, P, ST_MOE2_WARPS>(p);
 }
+// One row with each warp's weight rows copied into shared memory (p.bulk): the twins of
+// moe2_kernel and moe2_down4_kernel. The four-warp one keeps 128 registers (four blocks a
+// multiprocessor, as many as the 30B-A3B's 512 down blocks need for one wave): held to 96 as its
+// twin is, the Q4_K kernel spilled 80 bytes (cuobjdump -res-usage).
+template <int T, bool GATE, int P>
+__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_bulk_kernel(st_moe2_args p) {
+    moe2_body<T, 1, GATE, P, ST_MOE2_WARPS, false, true>(p);
+}
+template <int T, int P, bool HW>
+__global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 4) moe2_bulk_down4_kernel(st_moe2_args p) {
+    moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS, HW, true>(p);
+}
 
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
 // 2,380 -> 2,500 tok/s); windows keep one, whose R x NX sums would fill the registers.
@@ -2241,6 +2306,46 @@ static int moe2_tiles(int n) {
     return n == 1 ? 1 : t;
 }
 
+// One row's kernels read each warp's weight rows from shared memory, copied there in one burst
+// (moe2_bulk_begin), with STRATA_MOE_BULK=1 (=gu: the gate/up kernel only, =down: the down
+// kernel only; for A/B runs): off by default until measured. Why: in the SASS of
+// the Q4_K gate/up kernel (2026-12-05) the products' loop loads each chunk's scales, then its
+// quants a row or two at a time, each batch waiting on the one before (registers), so a block's
+// products pay several round trips to memory where one burst would do. Where it applies: sm_90
+// and newer, weight rows and matrices of whole 16-byte words at 16-byte aligned stacks. Read at
+// each launch (a graph keeps what its recording chose), so a test can compare both paths.
+static bool moe2_bulk_on(bool gate) {
+    const char *v = getenv("STRATA_MOE_BULK");
+    return v && (!strcmp(v, "1") || !strcmp(v, gate ? "gu" : "down"));
+}
+static bool moe2_bulk_applies(const st_cuda *c, const st_moe2_args &p, bool gate) {
+    auto a16 = [](uint64_t v) { return v % 16 == 0; };
+    return moe2_bulk_on(gate) && c->prop.major >= 9 && a16((uintptr_t)p.wg) && a16(p.g_row_bytes) && a16(p.g_mat) &&
+           (!gate || (a16((uintptr_t)p.wu) && a16(p.u_row_bytes) && a16(p.u_mat)));
+}
+// Blocks of kernel k resident at once on a multiprocessor with smem bytes of dynamic shared
+// memory (0 where they exceed a block's limit), the kernel let take them (asked of the runtime
+// once per kernel, block and size: windows that run eagerly launch these every step).
+static int moe2_blocks_per_sm(st_cuda *c, void (*k)(st_moe2_args), int threads, size_t smem) {
+    static struct { const void *k; size_t smem; int device, threads, blocks; } memo[64];
+    static int n_memo;
+    for (int i = 0; i < n_memo; i++)
+        if (memo[i].k == (const void *)k && memo[i].smem == smem && memo[i].device == c->device &&
+            memo[i].threads == threads)
+            return memo[i].blocks;
+    cudaFuncAttributes fa;
+    int blocks = 0;
+    if (cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess) {
+        cudaGetLastError();
+    } else if (fa.sharedSizeBytes + smem <= c->prop.sharedMemPerBlockOptin) {
+        st_allow_smem(c, k, smem);
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, threads, smem) != cudaSuccess)
+            cudaGetLastError(), blocks = 0;
+    }
+    if (n_memo < 64) memo[n_memo++] = {(const void *)k, smem, c->device, threads, blocks};
+    return blocks;
+}
+
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
     // Row pairs a warp computes (gate/up pairs, or 2P down rows): four at one row, one in
     // windows, whose blocks take p.tiles row tiles in turn instead (see moe2_tiles).
@@ -2254,28 +2359,37 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
     int rows_per_block = W * (GATE ? 1 : hw ? 4 : 2) * (n == 1 ? P1 : 1) * p.tiles;
     dim3 grid((unsigned)((p.rows + rows_per_block - 1) / rows_per_block), (unsigned)p.na);
     size_t smem = (size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32);
-    if constexpr (!GATE)
-        if (n == 1 && p.y) { // the combine in clusters of the k slots where they fit
-            auto k = hw ? moe2_down4_kernel<T, P1, true> : W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1, false>
-                   : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
-            st_moe2_args q = p;
-            q.cluster = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
-            if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
-            else st_launch(c, k, grid, 32 * W, smem, q);
-            ST_CU_LAUNCHED(c, "moe2_kernel");
-            return;
+    if (n == 1) {
+        auto k = GATE ? (moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>)
+               : hw ? moe2_down4_kernel<T, P1, true> : W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1, false>
+               : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
+        // Its twin reading the rows from shared memory: each warp's rows (gate's and up's) after
+        // the input's area.
+        auto kb = GATE ? moe2_bulk_kernel<T, true, P1> : hw ? moe2_bulk_down4_kernel<T, P1, true>
+                : W == ST_MOE2_DOWN_WARPS ? moe2_bulk_down4_kernel<T, P1, false> : moe2_bulk_kernel<T, false, P1>;
+        st_moe2_args q = p;
+        int wr = rows_per_block / W;
+        q.bulk_off = (int)((smem + 15) / 16 * 16);
+        q.bulk = wr * (int)(p.g_row_bytes + (GATE ? p.u_row_bytes : 0));
+        size_t smem_b = (size_t)q.bulk_off + (size_t)W * q.bulk;
+        // The twin where its blocks all fit at once, and never at the price of the down
+        // kernel's clusters.
+        int sm_b = moe2_bulk_applies(c, p, GATE) ? moe2_blocks_per_sm(c, kb, 32 * W, smem_b) : 0;
+        bool bulk = (long)sm_b * c->prop.multiProcessorCount >= (long)grid.x * grid.y;
+        if (!GATE && p.y) { // the combine in clusters of the k slots where they fit
+            bool cb = bulk && st_cluster_fits(c, kb, p.na, grid, 32 * W, smem_b);
+            bool cp = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
+            if (cp && !cb) bulk = false;
+            q.cluster = bulk ? cb : cp;
         }
-    if constexpr (!GATE)
-        if (W == ST_MOE2_DOWN_WARPS) {
-            if (hw) st_launch(c, moe2_down4_kernel<T, P1, true>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
-            else st_launch(c, moe2_down4_kernel<T, P1, false>, grid, 32 * ST_MOE2_DOWN_WARPS, smem, p);
-            ST_CU_LAUNCHED(c, "moe2_kernel");
-            return;
-        }
+        if (!bulk) q.bulk = 0;
+        if (q.cluster) st_launch_cluster(c, p.na, bulk ? kb : k, grid, 32 * W, bulk ? smem_b : smem, q);
+        else st_launch(c, bulk ? kb : k, grid, 32 * W, bulk ? smem_b : smem, q);
+        ST_CU_LAUNCHED(c, "moe2_kernel");
+        return;
+    }
 #define L(NX, PP) st_launch(c, moe2_kernel<T, NX, GATE, PP>, grid, 32 * ST_MOE2_WARPS, smem, p)
-    if (n == 1 && moe2_cap2<T, GATE, P1>()) st_launch(c, moe2_cap2_kernel<T, GATE, P1>, grid, 32 * ST_MOE2_WARPS, smem, p);
-    else if (n == 1) L(1, P1);
-    else if (n <= 4) L(4, 1);
+    if (n <= 4) L(4, 1);
     else L(16, 1);
 #undef L
     ST_CU_LAUNCHED(c, "moe2_kernel");
