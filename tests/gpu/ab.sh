@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Interleaved A/B rounds of `strata bench` on one machine: variants alternate within each round,
 # so a slow phase of the host (the CPU pool's jobs vary up to 2x between runs) hits every variant
-# alike. A variant is NAME=ENV... (environment switches of one binary) or NAME=@BINARY (another
-# build: carry a second strata binary; the CUDA kernels live in the shared libst_backend.so).
+# alike. A variant is NAME=ENV... (environment switches of one binary, split at spaces, or at '|'
+# where a value holds spaces: "skip=STRATA_CUDA_SKIP=swiglu,matmul q8_0 2048x512|X=1") or
+# NAME=@BINARY (another build: carry a second strata binary; the CUDA kernels live in the shared
+# libst_backend.so).
 #
 #   tests/gpu/ab.sh [-r ROUNDS] [-b BIN] MODEL "BENCH ARGS" VARIANT...
 #   e.g. tests/gpu/ab.sh -r 3 /tmp/m/q30.gguf "--gpu 0 --prompt 512 --decode 256 --resident-experts \
@@ -18,11 +20,11 @@ while getopts "r:b:" o; do
   case $o in
     r) rounds=$OPTARG ;;
     b) bin=$OPTARG ;;
-    *) sed -n 2,13p "$0"; exit 2 ;;
+    *) sed -n 2,15p "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 3 ] || { sed -n 2,13p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
 model=$1 args=$2
 shift 2
 logs=${OUT:-/tmp/strata-ab}/ab
@@ -31,7 +33,9 @@ declare -A dec
 for r in $(seq 1 "$rounds"); do
   for v in "$@"; do
     name=${v%%=*} spec=${v#*=} b=$bin envs=()
-    if [[ $spec == @* ]]; then b=${spec#@}; else read -ra envs <<<"$spec"; fi
+    if [[ $spec == @* ]]; then b=${spec#@}
+    elif [[ $spec == *"|"* ]]; then IFS='|' read -ra envs <<<"$spec"
+    else read -ra envs <<<"$spec"; fi
     log=$logs/$name-$r.txt
     # shellcheck disable=SC2086
     env "${envs[@]}" timeout 300 "$b" bench -m "$model" $args >"$log" 2>&1
