@@ -50,7 +50,7 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
     "                         stream; default: read them from the file's mapping)\n"        \
     "  --resident-budget-gib G  only G GiB of such copies, busiest layers first\n"           \
     "  --mmap-experts         no copies: the mapping only (the default)\n"                   \
-    "  --pool-workers N       CPU threads computing experts beside the GPU (default cores-1)\n" \
+    "  --pool-workers N       CPU threads computing experts beside the GPU (default physical cores-1)\n" \
     "  --adapt-every N        windows between expert cache swaps (default 32; 0 = off)\n"     \
     "  --adapt-swaps K        swaps at most each time (default 8)\n"                         \
     "  --adapt-decay F        per-window decay of the routing counts (default 0.95)\n"      \

@@ -131,7 +131,10 @@ static st_status open_backend(strata_model *m, const strata_model_params *p, int
         index = (int)v;
     }
     size_t reserve = (size_t)(p->vram_reserve_mib > 0 ? p->vram_reserve_mib : STRATA_VRAM_RESERVE_MIB) << 20;
-    int workers = p->pool_workers > 0 ? p->pool_workers : threads > 1 ? threads - 1 : 1;
+    // The CPU pool: physical cores less the one that serves the GPU (SMT siblings add little to
+    // memory-bound products and cost the pool's barriers), or --threads less one when given.
+    int cores = p->n_threads > 0 ? threads : st_cpu_cores();
+    int workers = p->pool_workers > 0 ? p->pool_workers : cores > 1 ? cores - 1 : 1;
     st_status s = st_backend_cuda_create(index, reserve, workers, &m->backend);
     uint64_t *profile = NULL;
     st_place_params pp;

@@ -322,10 +322,10 @@ static st_status place_experts(st_model *m, st_backend *b, const st_place_params
                         m->cache->bytes / 1073741824.0, dt);
         else
             st_log_info("experts: %lld of %lld in the GPU's cache (%.2f of %.2f GiB, %.1f s), covering %.1f%% of "
-                        "the %s routing; the rest from %s%s, computed by the CPU pool", (long long)placed,
-                        (long long)L * E, m->cache->bytes / 1073741824.0, all / 1073741824.0, dt,
+                        "the %s routing; the rest from %s, computed by the CPU pool (%d threads)%s",
+                        (long long)placed, (long long)L * E, m->cache->bytes / 1073741824.0, all / 1073741824.0, dt,
                         tot > 0 ? 100.0 * hot / tot : 0.0, pp->profile ? "profile's" : "(assumed uniform)",
-                        m->arena->resident_bytes ? "page-locked memory" : "the file's mapping",
+                        m->arena->resident_bytes ? "page-locked memory" : "the file's mapping", st_pool_size(b->pool),
                         m->adapt ? "; adaptive swaps on" : "");
         if (m->arena->resident_bytes)
             st_log_info("experts: %.2f GiB of them resident in page-locked memory", m->arena->resident_bytes / 1073741824.0);

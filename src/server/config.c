@@ -66,7 +66,7 @@ static const key keys[] = {
     {"resident_gib", "--resident-budget-gib", NULL, K_FLOAT, OFF(resident_gib), -1, 1e6, false,
      "G  page-locked copies of the experts the GPU lacks (0 = the file's mapping; -1 = all)"},
     {"pool_workers", "--pool-workers", NULL, K_INT, OFF(pool_workers), 0, 1024, false,
-     "N  CPU threads computing experts beside the GPU (default 0: cores - 1)"},
+     "N  CPU threads computing experts beside the GPU (default 0: physical cores - 1)"},
     {"adapt_every", "--adapt-every", NULL, K_INT, OFF(adapt_every), -1, 1 << 30, false,
      "N  windows between expert cache swaps (default 0: 32; -1 = off)"},
     {"pcie_frac", "--pcie-frac", NULL, K_FLOAT, OFF(pcie_frac), 0, 1, false,

@@ -40,7 +40,7 @@ typedef struct st_server_config {
     char *expert_profile;     // NULL: MODEL.profile beside the model when present
     float vram_budget_gib;    // 0: what is free
     float resident_gib;       // 0: the mapping; < 0: page-locked copies of all experts the GPU lacks
-    int pool_workers;         // 0: cores - 1
+    int pool_workers;         // 0: physical cores - 1
     int adapt_every;          // 0: the default (32); -1: off
     float pcie_frac;          // share of decode misses streamed to the GPU, 0 .. 1; < 0: unset (a probe picks)
     bool no_mmap;             // the model read into memory (huge pages) instead of mapped

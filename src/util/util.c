@@ -3,7 +3,9 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -207,6 +209,41 @@ double st_time_s(void) {
 int st_cpu_count(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int st_cpu_cores_at(const char *root, const int *cpus, int n) {
+    if (n < 1) return 1;
+    int *first = st_alloc(sizeof(int) * (size_t)n), cores = 0; // each core's lowest sibling
+    if (!first) return n;
+    for (int i = 0; i < n && cores >= 0; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/cpu%d/topology/thread_siblings_list", root, cpus[i]);
+        FILE *f = fopen(path, "r");
+        int lo = -1;
+        if (f) {
+            if (fscanf(f, "%d", &lo) != 1) lo = -1; // "3,67" or "2-3": the list is sorted
+            fclose(f);
+        }
+        if (lo < 0) {
+            cores = -1; // unreadable: the logical count
+            break;
+        }
+        bool seen = false;
+        for (int j = 0; j < cores && !seen; j++) seen = first[j] == lo;
+        if (!seen) first[cores++] = lo;
+    }
+    st_free(first);
+    if (cores < 1) return n;
+    return cores < (n + 1) / 2 ? (n + 1) / 2 : cores;
+}
+
+int st_cpu_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return st_cpu_count();
+    int cpus[CPU_SETSIZE], n = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) cpus[n++] = c;
+    return n ? st_cpu_cores_at("/sys/devices/system/cpu", cpus, n) : st_cpu_count();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -121,3 +121,10 @@ void st_pool_barrier(st_pool *pool);
 // of microseconds. Burns the pool's cores until released. No-op for a NULL or one-thread pool.
 void st_pool_hold(st_pool *pool, bool on);
 int st_cpu_count(void);  // online logical CPUs
+// Physical cores among the CPUs this process may run on: SMT siblings (one thread_siblings_list
+// in sysfs) count once. Where the topology cannot be read, the logical count; never fewer than
+// half of it (x86 cores run at most two threads: a topology claiming more is not trusted).
+int st_cpu_cores(void);
+// The same over CPUs cpus[0..n) with the topology read under root (the layout of
+// /sys/devices/system/cpu): for tests.
+int st_cpu_cores_at(const char *root, const int *cpus, int n);

@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -51,6 +52,57 @@ static void test_null_pool(void **state) {
     assert_int_equal(st_pool_size(NULL), 1);
     assert_null(st_pool_create(0));
     assert_true(st_cpu_count() >= 1);
+}
+
+// A fake sysfs topology: cpu c's thread_siblings_list is lists[c] (NULL: no file).
+static void topology(const char *root, const char *const *lists, int n) {
+    char path[512];
+    for (int c = 0; c < n; c++) {
+        snprintf(path, sizeof path, "%s/cpu%d/topology", root, c);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "mkdir -p %s", path);
+        assert_int_equal(system(cmd), 0);
+        if (!lists[c]) continue;
+        snprintf(path, sizeof path, "%s/cpu%d/topology/thread_siblings_list", root, c);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "%s\n", lists[c]);
+        fclose(f);
+    }
+}
+
+// Physical cores: SMT siblings count once (both list forms), a subset of the CPUs counts only
+// its own cores, an unreadable topology gives the logical count, and a topology claiming more
+// than two threads a core is not trusted.
+static void test_cpu_cores(void **state) {
+    (void)state;
+    char root[] = "/tmp/strata-topo-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    static const char *const smt[8] = {"0,4", "1,5", "2,6", "3,7", "0,4", "1,5", "2,6", "3,7"};
+    static const char *const pairs[4] = {"0-1", "0-1", "2-3", "2-3"};
+    static const char *const none[2] = {"0", NULL};
+    static const char *const one[8] = {"0-7", "0-7", "0-7", "0-7", "0-7", "0-7", "0-7", "0-7"};
+    int all[8] = {0, 1, 2, 3, 4, 5, 6, 7}, some[3] = {0, 4, 5};
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/smt", root);
+    topology(dir, smt, 8);
+    assert_int_equal(st_cpu_cores_at(dir, all, 8), 4);
+    assert_int_equal(st_cpu_cores_at(dir, some, 3), 2);
+    snprintf(dir, sizeof dir, "%s/pairs", root);
+    topology(dir, pairs, 4);
+    assert_int_equal(st_cpu_cores_at(dir, all, 4), 2);
+    snprintf(dir, sizeof dir, "%s/none", root);
+    topology(dir, none, 2);
+    assert_int_equal(st_cpu_cores_at(dir, all, 2), 2);
+    snprintf(dir, sizeof dir, "%s/one", root);
+    topology(dir, one, 8);
+    assert_int_equal(st_cpu_cores_at(dir, all, 8), 4);
+    assert_int_equal(st_cpu_cores_at("/no/such/dir", all, 3), 3);
+    int c = st_cpu_cores();
+    assert_true(c >= 1 && c <= st_cpu_count());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    assert_int_equal(system(cmd), 0);
 }
 
 // Workers write disjoint parts of an array; the caller reads all of it right after the call.
@@ -231,6 +283,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_thread_once),
         cmocka_unit_test(test_null_pool),
+        cmocka_unit_test(test_cpu_cores),
         cmocka_unit_test(test_results_visible),
         cmocka_unit_test(test_after_sleep),
         cmocka_unit_test(test_hold),
