@@ -23,7 +23,7 @@ say() { echo "$*" | tee -a "$LOG"; }
 row() { rows+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")"); }
 
 say "== machine"
-{ nvidia-smi -L 2>&1 || true; lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-300; free -g | head -2; } | tee -a "$LOG"
+{ nvidia-smi -L 2>&1 || true; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|Flags' | cut -c1-300; free -g | head -2; } | tee -a "$LOG"
 
 # Python packages the integration tests need and the machine lacks (carried as wheels in .whl).
 if ls .whl/*.whl >/dev/null 2>&1; then
