@@ -215,7 +215,7 @@ int st_cpu_cores_at(const char *root, const int *cpus, int n) {
     if (n < 1) return 1;
     int *first = st_alloc(sizeof(int) * (size_t)n), cores = 0; // each core's lowest sibling
     if (!first) return n;
-    for (int i = 0; i < n && cores >= 0; i++) {
+    for (int i = 0; i < n; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/cpu%d/topology/thread_siblings_list", root, cpus[i]);
         FILE *f = fopen(path, "r");

@@ -703,8 +703,30 @@ static inline void st_launch_cluster(st_cuda *c, int cluster_y, void (*k)(P...),
 bool st_cluster_on(void);
 // The most clusters of (device, kernel, cluster size, block, shared memory) resident at once,
 // asked of the runtime once (windows that run eagerly launch these kernels every step): with
-// max >= 0 it is recorded; returns the recorded value, or -1 if none.
+// max >= 0 it is recorded; returns the recorded value, or -1 if none. Clusters of one block are
+// single blocks (st_one_wave).
 int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max);
+// Whether `blocks` blocks of kernel k (threads each, smem bytes of dynamic shared memory) are all
+// resident at once on the card: false where a block cannot take smem bytes at all. Lets the
+// kernel take them; asked of the runtime once (st_cluster_known).
+template <typename... P>
+static inline bool st_one_wave(st_cuda *c, void (*k)(P...), unsigned long blocks, unsigned threads, size_t smem) {
+    int n = st_cluster_known(c->device, (const void *)k, 1, threads, smem, -1);
+    if (n < 0) {
+        cudaFuncAttributes fa;
+        int per_sm = 0;
+        if (cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess) {
+            cudaGetLastError();
+        } else if (fa.sharedSizeBytes + smem <= c->prop.sharedMemPerBlockOptin) {
+            st_allow_smem(c, k, smem);
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, (int)threads, smem) != cudaSuccess)
+                cudaGetLastError(), per_sm = 0;
+        }
+        n = per_sm * c->prop.multiProcessorCount;
+        st_cluster_known(c->device, (const void *)k, 1, threads, smem, n);
+    }
+    return n > 0 && blocks <= (unsigned long)n;
+}
 template <typename... P>
 static inline bool st_cluster_fits(st_cuda *c, void (*k)(P...), int cluster_y, dim3 grid, dim3 block, size_t smem) {
     if (!st_cluster_on() || c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y) return false;

@@ -890,13 +890,7 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
     unsigned blocks = plan(ST_MV_R, p, bytes);
     if (n == 1 && !mv_wide_off()) {
         // The fewest rows a warp at which every block is resident at once (else the most).
-        auto fits = [&](void (*k)(st_mv2_args), unsigned nb, size_t b) {
-            int per_sm = 0;
-            st_allow_smem(c, k, b);
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 32 * ST_MV_WARPS, b) != cudaSuccess)
-                per_sm = 0, cudaGetLastError();
-            return nb <= (unsigned)per_sm * (unsigned)c->prop.multiProcessorCount;
-        };
+        auto fits = [&](void (*k)(st_mv2_args), unsigned nb, size_t b) { return st_one_wave(c, k, nb, 32 * ST_MV_WARPS, b); };
         st_mv2_args q4 = p, q8 = p;
         size_t b4, b8;
         unsigned n4 = plan(2 * ST_MV_R, q4, b4), n8 = plan(4 * ST_MV_R, q8, b8);
@@ -2323,29 +2317,6 @@ static bool moe2_bulk_applies(const st_cuda *c, const st_moe2_args &p, bool gate
     return moe2_bulk_on(gate) && c->prop.major >= 9 && a16((uintptr_t)p.wg) && a16(p.g_row_bytes) && a16(p.g_mat) &&
            (!gate || (a16((uintptr_t)p.wu) && a16(p.u_row_bytes) && a16(p.u_mat)));
 }
-// Blocks of kernel k resident at once on a multiprocessor with smem bytes of dynamic shared
-// memory (0 where they exceed a block's limit), the kernel let take them (asked of the runtime
-// once per kernel, block and size: windows that run eagerly launch these every step).
-static int moe2_blocks_per_sm(st_cuda *c, void (*k)(st_moe2_args), int threads, size_t smem) {
-    static struct { const void *k; size_t smem; int device, threads, blocks; } memo[64];
-    static int n_memo;
-    for (int i = 0; i < n_memo; i++)
-        if (memo[i].k == (const void *)k && memo[i].smem == smem && memo[i].device == c->device &&
-            memo[i].threads == threads)
-            return memo[i].blocks;
-    cudaFuncAttributes fa;
-    int blocks = 0;
-    if (cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess) {
-        cudaGetLastError();
-    } else if (fa.sharedSizeBytes + smem <= c->prop.sharedMemPerBlockOptin) {
-        st_allow_smem(c, k, smem);
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, threads, smem) != cudaSuccess)
-            cudaGetLastError(), blocks = 0;
-    }
-    if (n_memo < 64) memo[n_memo++] = {(const void *)k, smem, c->device, threads, blocks};
-    return blocks;
-}
-
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
     // Row pairs a warp computes (gate/up pairs, or 2P down rows): four at one row, one in
     // windows, whose blocks take p.tiles row tiles in turn instead (see moe2_tiles).
@@ -2374,8 +2345,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
         size_t smem_b = (size_t)q.bulk_off + (size_t)W * q.bulk;
         // The twin where its blocks all fit at once, and never at the price of the down
         // kernel's clusters.
-        int sm_b = moe2_bulk_applies(c, p, GATE) ? moe2_blocks_per_sm(c, kb, 32 * W, smem_b) : 0;
-        bool bulk = (long)sm_b * c->prop.multiProcessorCount >= (long)grid.x * grid.y;
+        bool bulk = moe2_bulk_applies(c, p, GATE) && st_one_wave(c, kb, (unsigned long)grid.x * grid.y, 32 * W, smem_b);
         if (!GATE && p.y) { // the combine in clusters of the k slots where they fit
             bool cb = bulk && st_cluster_fits(c, kb, p.na, grid, 32 * W, smem_b);
             bool cp = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
