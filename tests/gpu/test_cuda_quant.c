@@ -708,12 +708,21 @@ static void test_moe(void **state) {
 // Every variant adds a shared expert's gated output: the reference with add_gated_rows after
 // the op on its old path (STRATA_MOE_LATE: the down blocks learn their expert after their wait),
 // the others (one row: the down blocks take their expert before their wait, from the ids or by
-// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s. The last two read
-// the weight rows from shared memory (STRATA_MOE_BULK=1, sm_90; elsewhere the same path again).
-enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_BULK_GATED, FOLD_BULK_IDS, FOLD_NV };
+// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s. The bulk variants
+// read the weight rows from shared memory (STRATA_MOE_BULK=1, sm_90; elsewhere the same path
+// again). The hint variants (STRATA_MOE_HINT=1: where the gate/up kernel ranks more than 128
+// logits, the down blocks ask for the expert of the id they read before their wait) start from
+// ids that are wrong, as a previous layer's are, or from the right ones.
+enum {
+    FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_BULK_GATED, FOLD_BULK_IDS, FOLD_HINT_STALE,
+    FOLD_HINT_STALE_BULK, FOLD_HINT_RIGHT_BULK, FOLD_NV
+};
 static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated",
                                                 "logits + gated, rows in shared memory",
-                                                "ids + gated, rows in shared memory"};
+                                                "ids + gated, rows in shared memory",
+                                                "logits + gated, stale hints",
+                                                "logits + gated, stale hints, rows in shared memory",
+                                                "logits + gated, right hints, rows in shared memory"};
 
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
     // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
@@ -735,8 +744,11 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
     int32_t *ids[FOLD_NV];
     float *w[FOLD_NV], *y[FOLD_NV];
     uint32_t *cnt[FOLD_NV];
+    int32_t *hint = xmalloc(sizeof(int32_t) * n * k);
+    for (int i = 0; i < n * k; i++) hint[i] = (i * 7 + 3) % E; // (distinct from the ranked ones mostly)
     for (int v = 0; v < FOLD_NV; v++) {
-        ids[v] = dev_put(NULL, sizeof(int32_t) * n * k);
+        if (v == FOLD_HINT_RIGHT_BULK) dev_get(hint, ids[FOLD_REF], sizeof(int32_t) * n * k);
+        ids[v] = dev_put(v >= FOLD_HINT_STALE ? hint : NULL, sizeof(int32_t) * n * k);
         w[v] = dev_put(NULL, sizeof(float) * n * k);
         y[v] = dev_put(NULL, sizeof(float) * n * d);
         cnt[v] = dev_put(NULL, sizeof(uint32_t) * E);
@@ -747,10 +759,13 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         else a.logits = ld;
         if (v != FOLD_REF && v != FOLD_LOGITS) a.gated_o = sod, a.gated_s = ssd;
         if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1);
-        if (v >= FOLD_BULK_GATED) setenv("STRATA_MOE_BULK", "1", 1);
+        if (v == FOLD_BULK_GATED || v == FOLD_BULK_IDS || v == FOLD_HINT_STALE_BULK || v == FOLD_HINT_RIGHT_BULK)
+            setenv("STRATA_MOE_BULK", "1", 1);
+        if (v >= FOLD_HINT_STALE) setenv("STRATA_MOE_HINT", "1", 1);
         gpu->ops->moe(gpu, &a);
         unsetenv("STRATA_MOE_LATE");
         unsetenv("STRATA_MOE_BULK");
+        unsetenv("STRATA_MOE_HINT");
         if (!a.gated_o) gpu->ops->add_gated_rows(gpu, y[v], sod, ssd, n, d);
     }
     int32_t *hi[FOLD_NV];
@@ -781,7 +796,7 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
     }
     dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
     dev_free(xd), dev_free(ld), dev_free(mapd), dev_free(sod), dev_free(ssd);
-    free(g), free(u), free(dn), free(x), free(lg), free(map), free(so), free(ss);
+    free(g), free(u), free(dn), free(x), free(lg), free(map), free(so), free(ss), free(hint);
 }
 
 static void test_moe_fold(void **state) {

@@ -618,6 +618,18 @@ __device__ __forceinline__ void st_warp_bulk_wait(unsigned long long *bar) {
 #endif
 }
 
+// Makes bar ready for another st_warp_bulk_begin: waits until the copies asked for have landed
+// (the area may not be written again before), then invalidates the barrier (initializing a
+// valid one is undefined).
+__device__ __forceinline__ void st_warp_bulk_reset(unsigned long long *bar) {
+    st_warp_bulk_wait(bar);
+    __syncwarp();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((threadIdx.x & 31) == 0) asm volatile("mbarrier.inval.shared.b64 [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+    __syncwarp();
+#endif
+}
+
 // Lets kernel k take dyn bytes of dynamic shared memory: beyond the default (48 KB including the
 // kernel's static shared memory) it must opt in, a function attribute (fine while recording).
 template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(P...), size_t dyn) {

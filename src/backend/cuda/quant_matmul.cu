@@ -1747,6 +1747,11 @@ struct st_moe2_args {
     // ranks itself where the gate/up kernel routes) and asks L2 for its weight rows before it
     // waits for the gate/up kernel.
     bool early;
+    // One row, down only, where the gate/up kernel routes and early does not apply (STRATA_MOE_HINT=1):
+    // each block reads its slot's id before it waits, which block (0, 0) of the gate/up kernel
+    // has usually written by then, and asks for that expert's rows; the id read after the wait
+    // decides, so a stale one costs only the reads it asked for.
+    bool hint;
     // Down's combine, or NULL: y += sigmoid(gated_s[i]) · gated_o row i after the routed sum
     // (the shared expert's output; add_gated_rows' arithmetic).
     const float *gated_o, *gated_s;
@@ -2084,14 +2089,18 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
     // ready, 5 products done, 6 stored, 7 counted in (down).
     unsigned ts;
+    // The down kernel's rows of expert ex asked for before the wait (into shared memory: BK).
+    auto ask_down = [&](int ex) {
+        int64_t rb = (int64_t)blockIdx.x * DR, nb = (rb + DR < p.rows ? rb + DR : p.rows) - rb;
+        const uint8_t *rows0 = p.wg + (size_t)ex * p.g_mat + (size_t)rb * p.g_row_bytes;
+        if (BK && ex >= 0) issued = moe2_bulk_begin<false, DR / W, W>(p, ex, moe2_smem, &s_bar[threadIdx.x / 32]);
+        else if (ex >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
+        else if (ex >= 0) prefetch_l2(rows0, (size_t)nb * p.g_row_bytes);
+    };
+    int hint = -1;
     if (!GATE && NX == 1 && p.early) {
-        constexpr int ROWS = DR;
         e = moe2_expert_early(p, rs);
-        int64_t rb = (int64_t)blockIdx.x * ROWS, nb = (rb + ROWS < p.rows ? rb + ROWS : p.rows) - rb;
-        const uint8_t *rows0 = p.wg + (size_t)e * p.g_mat + (size_t)rb * p.g_row_bytes;
-        if (BK && e >= 0) issued = moe2_bulk_begin<false, DR / W, W>(p, e, moe2_smem, &s_bar[threadIdx.x / 32]);
-        else if (e >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
-        else if (e >= 0) prefetch_l2(rows0, (size_t)nb * p.g_row_bytes);
+        ask_down(e);
         ts = st_pdl_begin();
         st_trace_probe(ts, 0, p.x + (size_t)blockIdx.y * p.cols);
         if (threadIdx.x == 0) s_asg[0] = blockIdx.y;
@@ -2102,6 +2111,13 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
         __syncthreads();
         m = e >= 0;
     } else {
+        if (!GATE && NX == 1 && p.hint) {
+            __shared__ int s_hint;
+            if (threadIdx.x == 0) s_hint = moe2_matrix(p, __ldcg(p.ids + blockIdx.y)); // (not yet ordered)
+            __syncthreads();
+            hint = s_hint;
+            ask_down(hint);
+        }
         ts = st_pdl_begin();
         st_trace_probe(ts, 0, routes ? p.logits : p.x);
         if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
@@ -2118,6 +2134,10 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
         m = NX != 1 ? moe2_members(p, s_asg, &e)
           : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts, ranked)
                     : moe2_one(p, s_asg, &e, moe2_smem, !GATE && p.hq);
+        if (BK && issued && e != hint) { // the hint was stale: its copy lands, then the right rows are asked for
+            st_warp_bulk_reset(&s_bar[threadIdx.x / 32]);
+            issued = false;
+        }
     }
     st_trace_mark(ts, 4);
     // One row's gate/up: the tile's outputs (one chunk, W * P == 32 rows) quantized
@@ -2456,6 +2476,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     // 30B-A3B shape's 128 logits +0.9-1.1% decode; the Next-80B-A3B's 512 -3.4%, its down
     // blocks became resident only ~2 us before their release, so the ranking was not hidden.)
     q.early = n == 1 && (!q.logits || q.n_route <= ST_MOE2_EARLY_RANK) && !env_on("STRATA_MOE_LATE");
+    q.hint = n == 1 && q.logits && !q.early && env_on("STRATA_MOE_HINT");
     q.wg = (const uint8_t *)down->data;
     q.wu = NULL;
     q.g_row_bytes = down->row_bytes;
