@@ -675,18 +675,14 @@ static void test_moe(void **state) {
         {8, 2, 200, 288, 160, ST_TYPE_Q4_0, ST_TYPE_Q5_0, ST_TYPE_IQ4_NL, 0.05}, // gate and up differ (one activation type on the CPU)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_run(&cases[i]);
-    // One row with the weight rows read from shared memory (STRATA_MOE_BULK=1; sm_90), at the
-    // cases above and at widths of the real shapes (aligned rows: Q4_K 1,152 and 432 bytes).
+    // One row at the widths of the real shapes (the 30B-A3B's, the Next-80B-A3B's with a Q8_0
+    // down, a Q5_K gate/up with a Q4_0 down).
     static const moe_case one[] = {
         {8, 2, 1, 2048, 768, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q4_K, 0.05},
         {12, 10, 1, 2048, 512, ST_TYPE_Q4_K, ST_TYPE_Q4_K, ST_TYPE_Q8_0, 0.05},
-        {8, 3, 1, 512, 288, ST_TYPE_Q5_K, ST_TYPE_Q5_K, ST_TYPE_Q4_0, 0.05}, // down's 162-byte rows: from memory
+        {8, 3, 1, 512, 288, ST_TYPE_Q5_K, ST_TYPE_Q5_K, ST_TYPE_Q4_0, 0.05},
     };
-    setenv("STRATA_MOE_BULK", "1", 1);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (cases[i].n == 1) moe_run(&cases[i]);
     for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) moe_run(&one[i]);
-    unsetenv("STRATA_MOE_BULK");
     // Prompt chunks through the unstaged tile GEMM (STRATA_GMM_STAGED=0; above: the staged one).
     setenv("STRATA_GMM_STAGED", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -708,21 +704,13 @@ static void test_moe(void **state) {
 // Every variant adds a shared expert's gated output: the reference with add_gated_rows after
 // the op on its old path (STRATA_MOE_LATE: the down blocks learn their expert after their wait),
 // the others (one row: the down blocks take their expert before their wait, from the ids or by
-// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s. The bulk variants
-// read the weight rows from shared memory (STRATA_MOE_BULK=1, sm_90; elsewhere the same path
-// again). The hint variants (STRATA_MOE_HINT=1: where the gate/up kernel ranks more than 128
-// logits, the down blocks ask for the expert of the id they read before their wait) start from
-// ids that are wrong, as a previous layer's are, or from the right ones.
-enum {
-    FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_BULK_GATED, FOLD_BULK_IDS, FOLD_HINT_STALE,
-    FOLD_HINT_STALE_BULK, FOLD_HINT_RIGHT_BULK, FOLD_NV
-};
+// ranking up to 128 logits) with add_gated_rows or through gated_o / gated_s. Where the gate/up
+// kernel ranks more than 128 logits, the down blocks ask for the expert of the id they read
+// before their wait (the hint; the reference runs without it, STRATA_MOE_HINT=0): the last two
+// variants start from ids that are wrong, as an earlier layer's are, or from the right ones.
+enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_HINT_STALE, FOLD_HINT_RIGHT, FOLD_NV };
 static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated",
-                                                "logits + gated, rows in shared memory",
-                                                "ids + gated, rows in shared memory",
-                                                "logits + gated, stale hints",
-                                                "logits + gated, stale hints, rows in shared memory",
-                                                "logits + gated, right hints, rows in shared memory"};
+                                                "logits + gated, stale hints", "logits + gated, right hints"};
 
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
     // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
@@ -747,7 +735,7 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
     int32_t *hint = xmalloc(sizeof(int32_t) * n * k);
     for (int i = 0; i < n * k; i++) hint[i] = (i * 7 + 3) % E; // (distinct from the ranked ones mostly)
     for (int v = 0; v < FOLD_NV; v++) {
-        if (v == FOLD_HINT_RIGHT_BULK) dev_get(hint, ids[FOLD_REF], sizeof(int32_t) * n * k);
+        if (v == FOLD_HINT_RIGHT) dev_get(hint, ids[FOLD_REF], sizeof(int32_t) * n * k);
         ids[v] = dev_put(v >= FOLD_HINT_STALE ? hint : NULL, sizeof(int32_t) * n * k);
         w[v] = dev_put(NULL, sizeof(float) * n * k);
         y[v] = dev_put(NULL, sizeof(float) * n * d);
@@ -755,16 +743,13 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         gpu->ops->zero(gpu, cnt[v], sizeof(uint32_t) * E);
         st_moe_args a = {.layer = 0, .gate = &gg, .up = &ug, .down = &dg, .x = xd, .ids = ids[v], .weights = w[v],
                          .n = n, .k = k, .y = y[v], .slot_map = mapd, .n_expert = E, .counts = cnt[v]};
-        if (v == FOLD_REF || v == FOLD_IDS || v == FOLD_BULK_IDS) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
+        if (v == FOLD_REF || v == FOLD_IDS) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
         else a.logits = ld;
         if (v != FOLD_REF && v != FOLD_LOGITS) a.gated_o = sod, a.gated_s = ssd;
         if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1);
-        if (v == FOLD_BULK_GATED || v == FOLD_BULK_IDS || v == FOLD_HINT_STALE_BULK || v == FOLD_HINT_RIGHT_BULK)
-            setenv("STRATA_MOE_BULK", "1", 1);
-        if (v >= FOLD_HINT_STALE) setenv("STRATA_MOE_HINT", "1", 1);
+        if (v == FOLD_REF) setenv("STRATA_MOE_HINT", "0", 1);
         gpu->ops->moe(gpu, &a);
         unsetenv("STRATA_MOE_LATE");
-        unsetenv("STRATA_MOE_BULK");
         unsetenv("STRATA_MOE_HINT");
         if (!a.gated_o) gpu->ops->add_gated_rows(gpu, y[v], sod, ssd, n, d);
     }

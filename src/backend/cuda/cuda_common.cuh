@@ -571,65 +571,6 @@ template <int N> __device__ __forceinline__ void st_cp_wait() {
 #endif
 }
 
-// A warp's pieces of global memory copied into its shared memory in one go (sm_90: the copy
-// engine, cp.async.bulk, completing on the warp's mbarrier bar; before sm_90 the warp's lanes
-// copy them). Warp-collective; the pieces (n1 may be 0) and their addresses are multiples of 16
-// bytes. st_warp_bulk_wait: every lane waits until they have landed. A bar serves one begin a
-// kernel. The point: the rows arrive as one burst, where a loop's loads of a dozen weight rows
-// are issued a few at a time (registers) and wait on each other's round trips.
-__device__ __forceinline__ void st_warp_bulk_begin(unsigned long long *bar, void *d0, const void *s0, unsigned n0,
-                                                   void *d1, const void *s1, unsigned n1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if ((threadIdx.x & 31) == 0) {
-        unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-        unsigned long long pol = st_l2_evict_first();
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b), "r"(n0 + n1) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
-                     "[%3], %4;" ::"r"((unsigned)__cvta_generic_to_shared(d0)),
-                     "l"(s0), "r"(n0), "r"(b), "l"(pol)
-                     : "memory");
-        if (n1)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
-                         "%2, [%3], %4;" ::"r"((unsigned)__cvta_generic_to_shared(d1)),
-                         "l"(s1), "r"(n1), "r"(b), "l"(pol)
-                         : "memory");
-    }
-    __syncwarp(); // (the others wait on the initialized barrier)
-#else
-    (void)bar;
-    int lane = threadIdx.x & 31;
-    for (unsigned i = 16 * lane; i < n0; i += 16 * 32) *(uint4 *)((char *)d0 + i) = *(const uint4 *)((const char *)s0 + i);
-    for (unsigned i = 16 * lane; i < n1; i += 16 * 32) *(uint4 *)((char *)d1 + i) = *(const uint4 *)((const char *)s1 + i);
-#endif
-}
-__device__ __forceinline__ void st_warp_bulk_wait(unsigned long long *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned b = (unsigned)__cvta_generic_to_shared(bar), done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(b)
-                     : "memory");
-#else
-    (void)bar;
-    __syncwarp();
-#endif
-}
-
-// Makes bar ready for another st_warp_bulk_begin: waits until the copies asked for have landed
-// (the area may not be written again before), then invalidates the barrier (initializing a
-// valid one is undefined).
-__device__ __forceinline__ void st_warp_bulk_reset(unsigned long long *bar) {
-    st_warp_bulk_wait(bar);
-    __syncwarp();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if ((threadIdx.x & 31) == 0) asm volatile("mbarrier.inval.shared.b64 [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
-    __syncwarp();
-#endif
-}
-
 // Lets kernel k take dyn bytes of dynamic shared memory: beyond the default (48 KB including the
 // kernel's static shared memory) it must opt in, a function attribute (fine while recording).
 template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(P...), size_t dyn) {

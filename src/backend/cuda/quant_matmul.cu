@@ -1747,10 +1747,9 @@ struct st_moe2_args {
     // ranks itself where the gate/up kernel routes) and asks L2 for its weight rows before it
     // waits for the gate/up kernel.
     bool early;
-    // One row, down only, where the gate/up kernel routes and early does not apply (STRATA_MOE_HINT=1):
-    // each block reads its slot's id before it waits, which block (0, 0) of the gate/up kernel
-    // has usually written by then, and asks for that expert's rows; the id read after the wait
-    // decides, so a stale one costs only the reads it asked for.
+    // One row, down only, where the gate/up kernel routes and early does not apply (on unless
+    // STRATA_MOE_HINT=0): each block reads its slot's id before it waits (moe2_expert_hint) and
+    // asks L2 for that expert's rows; the id read after the wait decides.
     bool hint;
     // Down's combine, or NULL: y += sigmoid(gated_s[i]) · gated_o row i after the routed sum
     // (the shared expert's output; add_gated_rows' arithmetic).
@@ -1767,10 +1766,6 @@ struct st_moe2_args {
     // their outputs in shared memory and sum them there (moe2_cluster_combine), instead of
     // counting in and the last block reading the outputs back from L2.
     bool cluster;
-    // One row, sm_90 (STRATA_MOE_BULK=1): each warp's weight rows are copied into shared memory
-    // by the copy engine (moe2_bulk_begin) and read there; bulk is the bytes a warp's rows take
-    // (0: read from global memory), bulk_off where the warps' areas start in dynamic shared memory.
-    int bulk, bulk_off;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1848,14 +1843,24 @@ __device__ int moe2_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2
     return s_sel >= 0;
 }
 
+// The down kernel's hint (p.hint): slot blockIdx.y's expert from the ids as they are before the
+// wait, unordered with the gate/up kernel's block (0, 0) that writes them: a block that becomes
+// resident after that reads this layer's ids, one before it an earlier layer's, whose rows it
+// asks for in vain. (H100, Next-80B-A3B shape: the down kernel 12.58 -> 11.53 us a layer,
+// decode +2.2%. Waiting for a flag that block (0, 0) set once the ids were written gained
+// nothing more and cost the gate/up kernel 0.5 us: bench/results/2026-12-05-moe-hint.md.)
+__device__ __forceinline__ int moe2_expert_hint(const st_moe2_args &p) {
+    __shared__ int s_hint;
+    if (threadIdx.x == 0) s_hint = moe2_matrix(p, __ldcg(p.ids + blockIdx.y));
+    __syncthreads();
+    return s_hint;
+}
+
 // One row with the routing folded in (p.logits): every block ranks the row's logits itself
 // (route_rank) and takes the expert of rank blockIdx.y; block (0, 0) also writes the row's ids
-// and weights and counts them. The row's x is quantized meanwhile, as moe2_one does. ranked(e)
-// runs as soon as the expert is known, before block (0, 0) works out the weights (~1 us): the
-// rows in shared memory are asked for there.
-template <typename F>
+// and weights and counts them. The row's x is quantized meanwhile, as moe2_one does.
 __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs,
-                               unsigned ts, F ranked) {
+                               unsigned ts) {
     route_load(p.logits, p.n_route, rs);
     quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                 (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
@@ -1863,12 +1868,11 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
     st_trace_mark(ts, 1);
     route_rank(p.n_route, p.k, rs, p.rank_pairs);
     st_trace_mark(ts, 2);
-    int u = blockIdx.y;
-    *e = moe2_matrix(p, rs.top[u]);
-    ranked(*e);
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
     st_trace_mark(ts, 3);
+    int u = blockIdx.y;
     if (threadIdx.x == 0) s_asg[0] = u;
+    *e = moe2_matrix(p, rs.top[u]);
     __syncthreads(); // s_asg
     return *e >= 0;
 }
@@ -1884,49 +1888,19 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
 // own, lane c of the half taking chunk c (rows of 32 chunks or fewer left half the lanes idle:
 // the Next-80B-A3B's down rows are 16 chunks long). A half's sums are the whole warp's were
 // (the idle lanes added zeros), so the outputs keep their bits.
-// BK (one row, p.bulk): the rows a warp computes, rows r0 .. r0 + WR - 1 of expert e's gate (and
-// of its up, after them), asked of the copy engine into the warp's area of dynamic shared memory
-// (moe2_rows reads them there). False (nothing asked) where the warp has no rows.
-template <bool GATE, int WR, int W>
-__device__ __forceinline__ bool moe2_bulk_begin(const st_moe2_args &p, int e, uint8_t *moe2_smem,
-                                                unsigned long long *bar) {
-    int warp = threadIdx.x >> 5;
-    int64_t r0 = (int64_t)blockIdx.x * (W * WR) + warp * WR;
-    if (r0 >= p.rows) return false;
-    unsigned nv = (unsigned)(p.rows - r0 < WR ? p.rows - r0 : WR);
-    uint8_t *area = moe2_smem + p.bulk_off + (size_t)warp * p.bulk;
-    const uint8_t *g = p.wg + (size_t)e * p.g_mat + (size_t)r0 * p.g_row_bytes;
-    if (GATE)
-        st_warp_bulk_begin(bar, area, g, nv * (unsigned)p.g_row_bytes, area + (size_t)WR * p.g_row_bytes,
-                           p.wu + (size_t)e * p.u_mat + (size_t)r0 * p.u_row_bytes, nv * (unsigned)p.u_row_bytes);
-    else
-        st_warp_bulk_begin(bar, area, g, nv * (unsigned)p.g_row_bytes, NULL, NULL, 0);
-    return true;
-}
-
-template <int T, int NX, bool GATE, int P, int W, bool HW = false, bool BK = false>
+template <int T, int NX, bool GATE, int P, int W, bool HW = false>
 __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, const int *s_asg, uint8_t *moe2_smem,
-                                          bool ready, unsigned ts, float *sh, unsigned long long *bar = NULL,
-                                          bool issued = false) {
+                                          bool ready, unsigned ts, float *sh) {
     static_assert(!HW || (!GATE && NX == 1), "half-warp rows: one row's down only");
-    static_assert(!BK || NX == 1, "rows in shared memory: one row only");
     constexpr int R = 2 * P;                         // weight rows per warp (a half: HW)
     constexpr int WR = GATE ? P : HW ? 4 * P : 2 * P; // output rows per warp
     constexpr int CL = HW ? 16 : 32;                 // lanes a row
     const int TT = NX == 1 ? 1 : p.tiles; // row tiles a block computes, one after another
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int half = HW ? lane >> 4 : 0, lc = HW ? lane & 15 : lane; // this lane's rows half * R .., its chunk
-    const uint8_t *brow = NULL; // BK: the warp's rows in shared memory, bnv of them valid
-    int bnv = 0;
     // Weight row i (of WR for down, R for gate/up) of this warp in the block's tile tt; rows past
     // the matrix read row 0.
     auto row_ptr = [&](int tt, int i) -> const uint8_t * {
-        if constexpr (BK) { // (tt == 0)
-            int j = GATE ? i / 2 : i;
-            j = j < bnv ? j : 0;
-            if (GATE && (i & 1)) return brow + (size_t)WR * p.g_row_bytes + (size_t)j * p.u_row_bytes;
-            return brow + (size_t)j * p.g_row_bytes;
-        }
         int64_t r0 = ((int64_t)blockIdx.x * TT + tt) * (W * WR) + warp * WR;
         if (GATE) {
             int64_t r = r0 + i / 2 < p.rows ? r0 + i / 2 : 0;
@@ -1939,12 +1913,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
     // Every tile's rows are asked of L2 at once (lane j: row j % PR of tile j / PR).
     constexpr int PR = GATE ? R : WR;
     const int64_t rb = (int64_t)blockIdx.x * TT * (W * WR) + warp * WR;
-    if constexpr (BK) {
-        if (!issued) moe2_bulk_begin<GATE, WR, W>(p, e, moe2_smem, bar);
-        if (rb < p.rows) st_warp_bulk_wait(bar);
-        brow = moe2_smem + p.bulk_off + (size_t)warp * p.bulk;
-        bnv = (int)(p.rows - rb < WR ? p.rows - rb : WR);
-    } else if (cuq_l2_hint) {
+    if (cuq_l2_hint) {
         if (!p.early && lane < PR * TT && rb + (int64_t)(lane / PR) * (W * WR) < p.rows)
             prefetch_l2_bulk(row_ptr(lane / PR, lane % PR), GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
     } else if (!p.early && rb < p.rows && lc < nchunk) {
@@ -2074,30 +2043,26 @@ template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const s
 }
 #endif
 
-// The body of the kernels below (W warps a block; BK: one row with the rows in shared memory).
-template <int T, int NX, bool GATE, int P, int W, bool HW = false, bool BK = false>
+// The body of both kernels below (W warps a block).
+template <int T, int NX, bool GATE, int P, int W, bool HW = false>
 __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     constexpr int DR = W * (HW ? 4 : 2) * P; // a block's row tile (down)
     const bool routes = GATE && NX == 1 && p.logits;
     __shared__ int s_asg[ST_CUQ_PLAN_MAX];
     __shared__ st_route_smem rs;
-    __shared__ unsigned long long s_bar[BK ? W : 1]; // BK: each warp's copies complete here
     extern __shared__ __align__(16) uint8_t moe2_smem[];
     int e = -1, m = 0;
-    bool issued = false; // BK: this warp's rows asked for already (the down kernel's early path)
     // STRATA_CUDA_TRACE marks: 0 a first read of the input (the logits where it routes) arrived;
     // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
     // ready, 5 products done, 6 stored, 7 counted in (down).
     unsigned ts;
-    // The down kernel's rows of expert ex asked for before the wait (into shared memory: BK).
+    // The down kernel's rows of expert ex asked of L2 before the wait.
     auto ask_down = [&](int ex) {
         int64_t rb = (int64_t)blockIdx.x * DR, nb = (rb + DR < p.rows ? rb + DR : p.rows) - rb;
         const uint8_t *rows0 = p.wg + (size_t)ex * p.g_mat + (size_t)rb * p.g_row_bytes;
-        if (BK && ex >= 0) issued = moe2_bulk_begin<false, DR / W, W>(p, ex, moe2_smem, &s_bar[threadIdx.x / 32]);
-        else if (ex >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
+        if (ex >= 0 && cuq_l2_hint) prefetch_l2_stream(rows0, (size_t)nb * p.g_row_bytes);
         else if (ex >= 0) prefetch_l2(rows0, (size_t)nb * p.g_row_bytes);
     };
-    int hint = -1;
     if (!GATE && NX == 1 && p.early) {
         e = moe2_expert_early(p, rs);
         ask_down(e);
@@ -2111,13 +2076,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
         __syncthreads();
         m = e >= 0;
     } else {
-        if (!GATE && NX == 1 && p.hint) {
-            __shared__ int s_hint;
-            if (threadIdx.x == 0) s_hint = moe2_matrix(p, __ldcg(p.ids + blockIdx.y)); // (not yet ordered)
-            __syncthreads();
-            hint = s_hint;
-            ask_down(hint);
-        }
+        if (!GATE && NX == 1 && p.hint) ask_down(moe2_expert_hint(p));
         ts = st_pdl_begin();
         st_trace_probe(ts, 0, routes ? p.logits : p.x);
         if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
@@ -2125,19 +2084,9 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
                 int v = p.ids[a];
                 if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
             }
-        // BK: the gate/up rows are asked for as soon as the routing names the expert.
-        auto ranked = [&](int ex) {
-            (void)ex;
-            if constexpr (BK && GATE)
-                if (ex >= 0) issued = moe2_bulk_begin<true, P, W>(p, ex, moe2_smem, &s_bar[threadIdx.x / 32]);
-        };
         m = NX != 1 ? moe2_members(p, s_asg, &e)
-          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts, ranked)
+          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts)
                     : moe2_one(p, s_asg, &e, moe2_smem, !GATE && p.hq);
-        if (BK && issued && e != hint) { // the hint was stale: its copy lands, then the right rows are asked for
-            st_warp_bulk_reset(&s_bar[threadIdx.x / 32]);
-            issued = false;
-        }
     }
     st_trace_mark(ts, 4);
     // One row's gate/up: the tile's outputs (one chunk, W * P == 32 rows) quantized
@@ -2147,8 +2096,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     constexpr bool CL = !GATE && NX == 1;
     __shared__ __align__(16) float s_h[HQ ? 32 : CL ? DR : 1];
     float *sh = HQ && p.hq ? s_h : CL && p.cluster ? s_h : NULL;
-    unsigned long long *bar = BK ? s_bar + threadIdx.x / 32 : NULL;
-    if (m > 0) moe2_rows<T, NX, GATE, P, W, HW, BK>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh, bar, issued);
+    if (m > 0) moe2_rows<T, NX, GATE, P, W, HW>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh);
     st_trace_mark(ts, 6);
     if (HQ && p.hq && m > 0) {
         __syncthreads();
@@ -2255,19 +2203,6 @@ template <int T, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS, 2) moe2_cap2_kernel(st_moe2_args p) {
     moe2_body<T, 1, GATE, P, ST_MOE2_WARPS>(p);
 }
-// One row with each warp's weight rows copied into shared memory (p.bulk): the twins of
-// moe2_kernel and moe2_down4_kernel. The four-warp one keeps 128 registers (four blocks a
-// multiprocessor, as many as the 30B-A3B's 512 down blocks need for one wave): held to 96 as its
-// twin is, the Q4_K kernel spilled 80 bytes (cuobjdump -res-usage).
-template <int T, bool GATE, int P>
-__global__ void __launch_bounds__(32 * ST_MOE2_WARPS) moe2_bulk_kernel(st_moe2_args p) {
-    moe2_body<T, 1, GATE, P, ST_MOE2_WARPS, false, true>(p);
-}
-template <int T, int P, bool HW>
-__global__ void __launch_bounds__(32 * ST_MOE2_DOWN_WARPS, 4) moe2_bulk_down4_kernel(st_moe2_args p) {
-    moe2_body<T, 1, false, P, ST_MOE2_DOWN_WARPS, HW, true>(p);
-}
-
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
 // 2,380 -> 2,500 tok/s); windows keep one, whose R x NX sums would fill the registers.
 // (Again on 2026-11-30, 30B shape, whole card: one or two row pairs a warp decode 295 and 314
@@ -2320,23 +2255,6 @@ static int moe2_tiles(int n) {
     return n == 1 ? 1 : t;
 }
 
-// One row's kernels read each warp's weight rows from shared memory, copied there in one burst
-// (moe2_bulk_begin), with STRATA_MOE_BULK=1 (=gu: the gate/up kernel only, =down: the down
-// kernel only; for A/B runs): off by default until measured. Why: in the SASS of
-// the Q4_K gate/up kernel (2026-12-05) the products' loop loads each chunk's scales, then its
-// quants a row or two at a time, each batch waiting on the one before (registers), so a block's
-// products pay several round trips to memory where one burst would do. Where it applies: sm_90
-// and newer, weight rows and matrices of whole 16-byte words at 16-byte aligned stacks. Read at
-// each launch (a graph keeps what its recording chose), so a test can compare both paths.
-static bool moe2_bulk_on(bool gate) {
-    const char *v = getenv("STRATA_MOE_BULK");
-    return v && (!strcmp(v, "1") || !strcmp(v, gate ? "gu" : "down"));
-}
-static bool moe2_bulk_applies(const st_cuda *c, const st_moe2_args &p, bool gate) {
-    auto a16 = [](uint64_t v) { return v % 16 == 0; };
-    return moe2_bulk_on(gate) && c->prop.major >= 9 && a16((uintptr_t)p.wg) && a16(p.g_row_bytes) && a16(p.g_mat) &&
-           (!gate || (a16((uintptr_t)p.wu) && a16(p.u_row_bytes) && a16(p.u_mat)));
-}
 template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_args &p, int n) {
     // Row pairs a warp computes (gate/up pairs, or 2P down rows): four at one row, one in
     // windows, whose blocks take p.tiles row tiles in turn instead (see moe2_tiles).
@@ -2354,27 +2272,11 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
         auto k = GATE ? (moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>)
                : hw ? moe2_down4_kernel<T, P1, true> : W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1, false>
                : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
-        // Its twin reading the rows from shared memory: each warp's rows (gate's and up's) after
-        // the input's area.
-        auto kb = GATE ? moe2_bulk_kernel<T, true, P1> : hw ? moe2_bulk_down4_kernel<T, P1, true>
-                : W == ST_MOE2_DOWN_WARPS ? moe2_bulk_down4_kernel<T, P1, false> : moe2_bulk_kernel<T, false, P1>;
         st_moe2_args q = p;
-        int wr = rows_per_block / W;
-        q.bulk_off = (int)((smem + 15) / 16 * 16);
-        q.bulk = wr * (int)(p.g_row_bytes + (GATE ? p.u_row_bytes : 0));
-        size_t smem_b = (size_t)q.bulk_off + (size_t)W * q.bulk;
-        // The twin where its blocks all fit at once, and never at the price of the down
-        // kernel's clusters.
-        bool bulk = moe2_bulk_applies(c, p, GATE) && st_one_wave(c, kb, (unsigned long)grid.x * grid.y, 32 * W, smem_b);
-        if (!GATE && p.y) { // the combine in clusters of the k slots where they fit
-            bool cb = bulk && st_cluster_fits(c, kb, p.na, grid, 32 * W, smem_b);
-            bool cp = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
-            if (cp && !cb) bulk = false;
-            q.cluster = bulk ? cb : cp;
-        }
-        if (!bulk) q.bulk = 0;
-        if (q.cluster) st_launch_cluster(c, p.na, bulk ? kb : k, grid, 32 * W, bulk ? smem_b : smem, q);
-        else st_launch(c, bulk ? kb : k, grid, 32 * W, bulk ? smem_b : smem, q);
+        // The down kernel's combine in clusters of the k slots where they fit.
+        if (!GATE && p.y) q.cluster = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
+        if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
+        else st_launch(c, k, grid, 32 * W, smem, q);
         ST_CU_LAUNCHED(c, "moe2_kernel");
         return;
     }
@@ -2476,7 +2378,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     // 30B-A3B shape's 128 logits +0.9-1.1% decode; the Next-80B-A3B's 512 -3.4%, its down
     // blocks became resident only ~2 us before their release, so the ranking was not hidden.)
     q.early = n == 1 && (!q.logits || q.n_route <= ST_MOE2_EARLY_RANK) && !env_on("STRATA_MOE_LATE");
-    q.hint = n == 1 && q.logits && !q.early && env_on("STRATA_MOE_HINT");
+    q.hint = n == 1 && q.logits && !q.early && !env_is_0("STRATA_MOE_HINT");
     q.wg = (const uint8_t *)down->data;
     q.wu = NULL;
     q.g_row_bytes = down->row_bytes;
