@@ -746,8 +746,7 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         if (v == FOLD_REF || v == FOLD_IDS) gpu->ops->moe_route(gpu, ld, n, E, k, ids[v], w[v]);
         else a.logits = ld;
         if (v != FOLD_REF && v != FOLD_LOGITS) a.gated_o = sod, a.gated_s = ssd;
-        if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1);
-        if (v == FOLD_REF) setenv("STRATA_MOE_HINT", "0", 1);
+        if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1), setenv("STRATA_MOE_HINT", "0", 1);
         gpu->ops->moe(gpu, &a);
         unsetenv("STRATA_MOE_LATE");
         unsetenv("STRATA_MOE_HINT");
