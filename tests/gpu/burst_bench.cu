@@ -11,7 +11,13 @@
 //   linepf    prefetch.global.L2 of every line of the slice, then the loads
 //   cpasync   cp.async of the slice into shared memory (16 bytes a thread a copy), then reads it
 //   bulkcp    one cp.async.bulk copy a warp into shared memory (the copy engine), then reads it
-// Also the rate of one kernel streaming 1 GiB (the copy-rate bound's figure).
+// Also the rate of one kernel streaming 1 GiB (the copy-rate bound's figure), and the experts'
+// layout: the 30B-A3B's gate/up kernel's 192 blocks (24 row tiles x 8 experts), each reading its
+// 32 gate rows and 32 up rows (two 36 KiB slices) of 8 experts drawn at random from a layer's
+// 128, layers one after another in a buffer of L layers (L = 6: 2 GB; L = 45: 15 GB, a 48-layer
+// model's experts), against the same bytes as one contiguous slice a block. If the experts are
+// slower than the contiguous burst, the scattered matrices (DRAM pages, address translation)
+// cost the kernel; if not, its own structure does.
 //   nvcc -O3 -arch=sm_90 -o burst_bench tests/gpu/burst_bench.cu && ./burst_bench [K]
 #include <cstdint>
 #include <cstdio>
@@ -62,6 +68,24 @@ template <int NF> __device__ __forceinline__ unsigned read_loads(const uint4 *w,
     return s;
 }
 
+// Two slices of words each, a thread's loads of both in flight together.
+template <int NF>
+__device__ __forceinline__ unsigned read_loads2(const uint4 *a, const uint4 *b, int words, unsigned long long pol) {
+    unsigned s = 0;
+    for (int i0 = threadIdx.x; i0 < words; i0 += T * NF) {
+        uint4 v[2 * NF];
+#pragma unroll
+        for (int j = 0; j < NF; j++) {
+            int i = i0 + j * T;
+            v[j] = i < words ? ld_ef(a + i, pol) : make_uint4(0, 0, 0, 0);
+            v[NF + j] = i < words ? ld_ef(b + i, pol) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < 2 * NF; j++) s += fold(v[j]);
+    }
+    return s;
+}
+
 __device__ __forceinline__ unsigned read_smem(const uint4 *s, int words) {
     unsigned r = 0;
     for (int i = threadIdx.x; i < words; i += T) r += fold(s[i]);
@@ -71,11 +95,23 @@ __device__ __forceinline__ unsigned read_smem(const uint4 *s, int words) {
 enum { V_EMPTY, V_LOADS, V_LOADS32, V_BULKPF, V_LINEPF, V_CPASYNC, V_BULKCP, NV };
 static const char *vname[NV] = {"empty", "loads", "loads32", "bulkpf", "linepf", "cpasync", "bulkcp"};
 
-template <int V> __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned *out) {
+// segs (or NULL: block b's slice is words at w + b * words): block b reads words / 2 at w + segs[2b]
+// and words / 2 at w + segs[2b + 1] (its gate and up rows), both slices' loads in flight together
+// (loads and loads32 only).
+template <int V>
+__global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned *out, const long long *segs) {
     extern __shared__ uint4 sm[];
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" :::);
     const uint4 *mw = w + (size_t)blockIdx.x * words;
+    if (segs) {
+        const uint4 *a = w + segs[2 * blockIdx.x], *b = w + segs[2 * blockIdx.x + 1];
+        unsigned long long pol = evict_first();
+        // (8 or 32 loads in flight a thread, as the contiguous variants)
+        unsigned s = V == V_LOADS32 ? read_loads2<16>(a, b, words / 2, pol) : read_loads2<4>(a, b, words / 2, pol);
+        if (s == 0x12345678u) out[blockIdx.x] = s;
+        return;
+    }
     unsigned long long pol = evict_first();
     unsigned s = 0;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = T / 32;
@@ -165,6 +201,90 @@ __global__ void k_stream(const uint4 *w, size_t words, unsigned *out) {
     if (s == 0x12345678u) out[0] = s;
 }
 
+// The experts' layout (see the top): the 30B-A3B's gate/up matrices, 768 rows of 1,152 bytes (Q4_K,
+// 2,048 columns), gate stack then up stack then down stack a layer; kernel k reads layer k % L.
+static void experts(cudaStream_t st, int K, cudaEvent_t e0, cudaEvent_t e1) {
+    const size_t mat = 768 * 1152, layer = 128 * (2 * mat + mat / 2), tile = 32 * 1152;
+    const int G = 192, words = (int)(2 * tile / 16);
+    int layers[] = {6, 48};
+    size_t total = layer * 48;
+    uint4 *w;
+    unsigned *out;
+    if (cudaMalloc(&w, total) != cudaSuccess) {
+        cudaGetLastError();
+        printf("experts: %.1f GB not free, skipped\n", total / 1e9);
+        return;
+    }
+    CK(cudaMemset(w, 1, total));
+    CK(cudaMalloc(&out, 1 << 20));
+    long long *segs;
+    CK(cudaMalloc(&segs, sizeof(long long) * 2 * G * K));
+    long long *h = (long long *)malloc(sizeof(long long) * 2 * G * K);
+    printf("experts: %d kernels a graph, %d blocks of 2 x %zu KiB (%.1f MB a kernel); best of 10 replays\n", K, G,
+           tile / 1024, G * 2 * tile / 1e6);
+    printf("%-9s %-12s %9s %9s\n", "variant", "layout", "us", "TB/s");
+    srand(7);
+    for (int lay = 0; lay < 3; lay++) { // contiguous, then experts in 6 and in 48 layers
+        for (int k = 0; k < K; k++) {
+            int ex[8];
+            for (int y = 0; y < 8; y++) { // 8 distinct experts of 128
+                int e, dup;
+                do {
+                    e = rand() % 128, dup = 0;
+                    for (int j = 0; j < y; j++) dup |= ex[j] == e;
+                } while (dup);
+                ex[y] = e;
+            }
+            for (int b = 0; b < G; b++) {
+                long long *o = h + (size_t)k * 2 * G + 2 * b;
+                if (lay == 0) {
+                    size_t base = total / K / 4096 * 4096 * k + (size_t)b * 2 * tile;
+                    o[0] = base / 16, o[1] = (base + tile) / 16;
+                } else {
+                    size_t base = layer * (k % layers[lay - 1]);
+                    int x = b % 24, e = ex[b / 24];
+                    o[0] = (base + e * mat + x * tile) / 16;
+                    o[1] = (base + 128 * mat + e * mat + x * tile) / 16;
+                }
+            }
+        }
+        CK(cudaMemcpy(segs, h, sizeof(long long) * 2 * G * K, cudaMemcpyHostToDevice));
+        char name[32];
+        snprintf(name, sizeof name, lay == 0 ? "contiguous" : "experts/%d", lay == 0 ? 0 : layers[lay - 1]);
+        for (int v : {V_LOADS, V_LOADS32}) {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (int k = 0; k < K; k++) {
+                int wd = words;
+                const long long *sk = segs + (size_t)k * 2 * G;
+                void *args[] = {&w, &wd, &out, &sk};
+                launch(st, kernel_of(v), G, 0, args);
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            cudaGraphExec_t ge;
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            float best = 1e30f;
+            for (int r = 0; r < 10; r++) {
+                CK(cudaEventRecord(e0, st));
+                CK(cudaGraphLaunch(ge, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                best = ms < best ? ms : best;
+            }
+            float us = best * 1000.0f / K;
+            printf("%-9s %-12s %9.2f %9.2f\n", vname[v], name, us, G * 2 * tile / 1e6 / us);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+    }
+    free(h);
+    CK(cudaFree(segs));
+    CK(cudaFree(out));
+    CK(cudaFree(w));
+}
+
 int main(int argc, char **argv) {
     int K = argc > 1 ? atoi(argv[1]) : 64;
     int sms = 0;
@@ -217,7 +337,8 @@ int main(int argc, char **argv) {
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                 for (int k = 0; k < K; k++) {
                     const uint4 *mw = w + (size_t)k * stride / 16;
-                    void *args[] = {&mw, &words, &out};
+                    const long long *nos = NULL;
+                    void *args[] = {&mw, &words, &out, &nos};
                     launch(st, kernel_of(v), grid, smem, args);
                 }
                 CK(cudaStreamEndCapture(st, &g));
@@ -246,5 +367,6 @@ int main(int argc, char **argv) {
                 CK(cudaGraphDestroy(g));
             }
         }
+    experts(st, K, e0, e1);
     return 0;
 }
