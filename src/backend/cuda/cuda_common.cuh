@@ -438,9 +438,14 @@ __host__ __device__ __forceinline__ bool route_folds(int E, int k) {
     return E >= k && E <= ST_ROUTE_FOLD_MAX_E && k >= 1 && k <= ST_ROUTE_FOLD_MAX_K;
 }
 
+// A logit as the ranking reads it: NaN as -inf. The candidates' counts need a total order: a
+// NaN is before nothing and nothing is before it, so two candidates could take one rank and
+// leave another unwritten, whose stale id would index the counts and the slot map.
+__device__ __forceinline__ float route_logit(float v) { return v == v ? v : -INFINITY; }
+
 __device__ __forceinline__ void route_load(const float *logits, int E, st_route_smem &s) {
     // Padding (ids >= E) holds -inf and sorts after every expert.
-    for (int i = threadIdx.x; i < (E + 31) / 32 * 32; i += blockDim.x) s.l[i] = i < E ? logits[i] : -INFINITY;
+    for (int i = threadIdx.x; i < (E + 31) / 32 * 32; i += blockDim.x) s.l[i] = i < E ? route_logit(logits[i]) : -INFINITY;
 }
 
 __device__ __forceinline__ void route_rank(int E, int k, st_route_smem &s, bool pairs) {

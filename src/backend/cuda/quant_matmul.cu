@@ -1996,7 +1996,7 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
     __shared__ int s_sel;
     if (p.logits) {
         for (int i = threadIdx.x; i < (p.n_route + 31) / 32 * 32; i += blockDim.x)
-            rs.l[i] = i < p.n_route ? __ldcg(p.logits + i) : -INFINITY;
+            rs.l[i] = i < p.n_route ? route_logit(__ldcg(p.logits + i)) : -INFINITY;
         __syncthreads();
         route_rank(p.n_route, p.k, rs, p.rank_pairs);
         return moe2_matrix(p, rs.top[blockIdx.y]);
