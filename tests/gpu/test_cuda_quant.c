@@ -1145,7 +1145,7 @@ static int bench(void) {
                 unsetenv("STRATA_GMM_STAGED");
                 printf("    (unstaged tile GEMM, STRATA_GMM_STAGED=0: %9.1f us %7.2f TFLOPS)\n", s3 * 1e6, flops / s3 / 1e12);
             }
-            if (n == 1) { // the same call with its weights cold: the hot figure above less this is DRAM's share
+            if (n == 1) { // the same call with its weights cold: this less the hot figure above is DRAM's share
                 moe_cold_ctx mc = {.next = 0};
                 for (int c = 0; c < MOE_COLD_SETS; c++) {
                     int32_t cid[8];
