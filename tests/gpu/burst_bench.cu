@@ -201,6 +201,36 @@ __global__ void k_stream(const uint4 *w, size_t words, unsigned *out) {
     if (s == 0x12345678u) out[0] = s;
 }
 
+// One graph of K launches of variant v (kernel k reading from w + k * stride words, with segment
+// table segs + k * nseg when segs is given), replayed 10 times: the best replay's us a kernel.
+static float graph_us(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int K, int v, int grid, size_t smem,
+                      const uint4 *w, size_t stride, int words, unsigned *out, const long long *segs, size_t nseg) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < K; k++) {
+        const uint4 *mw = w + (size_t)k * stride;
+        const long long *sk = segs ? segs + (size_t)k * nseg : NULL;
+        void *args[] = {&mw, &words, &out, &sk};
+        launch(st, kernel_of(v), grid, smem, args);
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    float best = 1e30f;
+    for (int r = 0; r < 10; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        best = ms < best ? ms : best;
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return best * 1000.0f / K;
+}
+
 // The experts' layout (see the top): the 30B-A3B's gate/up matrices, 768 rows of 1,152 bytes (Q4_K,
 // 2,048 columns), gate stack then up stack then down stack a layer; kernel k reads layer k % L.
 static void experts(cudaStream_t st, int K, cudaEvent_t e0, cudaEvent_t e1) {
@@ -252,31 +282,8 @@ static void experts(cudaStream_t st, int K, cudaEvent_t e0, cudaEvent_t e1) {
         char name[32];
         snprintf(name, sizeof name, lay == 0 ? "contiguous" : "experts/%d", lay == 0 ? 0 : layers[lay - 1]);
         for (int v : {V_LOADS, V_LOADS32}) {
-            cudaGraph_t g;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int k = 0; k < K; k++) {
-                int wd = words;
-                const long long *sk = segs + (size_t)k * 2 * G;
-                void *args[] = {&w, &wd, &out, &sk};
-                launch(st, kernel_of(v), G, 0, args);
-            }
-            CK(cudaStreamEndCapture(st, &g));
-            cudaGraphExec_t ge;
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            float best = 1e30f;
-            for (int r = 0; r < 10; r++) {
-                CK(cudaEventRecord(e0, st));
-                CK(cudaGraphLaunch(ge, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                best = ms < best ? ms : best;
-            }
-            float us = best * 1000.0f / K;
+            float us = graph_us(st, e0, e1, K, v, G, 0, w, 0, words, out, segs, 2 * G);
             printf("%-9s %-12s %9.2f %9.2f\n", vname[v], name, us, G * 2 * tile / 1e6 / us);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
         }
     }
     free(h);
@@ -333,28 +340,7 @@ int main(int argc, char **argv) {
             float empty_us = 0;
             for (int v = 0; v < NV; v++) {
                 size_t smem = v == V_CPASYNC || v == V_BULKCP ? slice : 0;
-                cudaGraph_t g;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                for (int k = 0; k < K; k++) {
-                    const uint4 *mw = w + (size_t)k * stride / 16;
-                    const long long *nos = NULL;
-                    void *args[] = {&mw, &words, &out, &nos};
-                    launch(st, kernel_of(v), grid, smem, args);
-                }
-                CK(cudaStreamEndCapture(st, &g));
-                cudaGraphExec_t ge;
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                float best = 1e30f;
-                for (int r = 0; r < 10; r++) {
-                    CK(cudaEventRecord(e0, st));
-                    CK(cudaGraphLaunch(ge, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    best = ms < best ? ms : best;
-                }
-                float us = best * 1000.0f / K;
+                float us = graph_us(st, e0, e1, K, v, grid, smem, w, stride / 16, words, out, NULL, 0);
                 if (v == V_EMPTY) empty_us = us;
                 double net = us - empty_us;
                 double mb = slice * (double)grid / 1e6;
@@ -363,8 +349,6 @@ int main(int argc, char **argv) {
                 else
                     printf("%-9s %9.1f %6d %10.1f %9.2f %9.2f %9.2f\n", vname[v], mb, grid, slice / 1024.0, us,
                            mb / us, net > 0 ? mb / net : 0.0);
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
             }
         }
     experts(st, K, e0, e1);
