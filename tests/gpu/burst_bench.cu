@@ -19,19 +19,8 @@
 // slower than the contiguous burst, the scattered matrices (DRAM pages, address translation)
 // cost the kernel; if not, its own structure does.
 //   nvcc -O3 -arch=sm_90 -o burst_bench tests/gpu/burst_bench.cu && ./burst_bench [K]
+#include "bench_graph.cuh"
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 #define T 256
 #define SMEM_MAX (200 * 1024)
@@ -168,20 +157,6 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
     if (s == 0x12345678u) out[blockIdx.x] = s; // (keeps the reads)
 }
 
-static void launch(cudaStream_t st, void *fn, int grid, size_t smem, void **args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(T);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
-}
-
 static void *kernel_of(int v) {
     switch (v) {
     case V_EMPTY: return (void *)k_burst<V_EMPTY>;
@@ -203,37 +178,23 @@ __global__ void k_stream(const uint4 *w, size_t words, unsigned *out) {
 
 // One graph of K launches of variant v (kernel k reading from w + k * stride words, with segment
 // table segs + k * nseg when segs is given), replayed 10 times: the best replay's us a kernel.
-static float graph_us(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int K, int v, int grid, size_t smem,
-                      const uint4 *w, size_t stride, int words, unsigned *out, const long long *segs, size_t nseg) {
+static float graph_us(cudaStream_t st, int K, int v, int grid, size_t smem, const uint4 *w, size_t stride, int words,
+                      unsigned *out, const long long *segs, size_t nseg) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int k = 0; k < K; k++) {
         const uint4 *mw = w + (size_t)k * stride;
         const long long *sk = segs ? segs + (size_t)k * nseg : NULL;
         void *args[] = {&mw, &words, &out, &sk};
-        launch(st, kernel_of(v), grid, smem, args);
+        bench_launch(st, kernel_of(v), dim3(grid), dim3(T), smem, true, args);
     }
     CK(cudaStreamEndCapture(st, &g));
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    float best = 1e30f;
-    for (int r = 0; r < 10; r++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        best = ms < best ? ms : best;
-    }
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    return best * 1000.0f / K;
+    return bench_replay_ms(st, g, 10) * 1000.0f / K;
 }
 
 // The experts' layout (see the top): the 30B-A3B's gate/up matrices, 768 rows of 1,152 bytes (Q4_K,
 // 2,048 columns), gate stack then up stack then down stack a layer; kernel k reads layer k % L.
-static void experts(cudaStream_t st, int K, cudaEvent_t e0, cudaEvent_t e1) {
+static void experts(cudaStream_t st, int K) {
     const size_t mat = 768 * 1152, layer = 128 * (2 * mat + mat / 2), tile = 32 * 1152;
     const int G = 192, words = (int)(2 * tile / 16);
     int layers[] = {6, 48};
@@ -282,7 +243,7 @@ static void experts(cudaStream_t st, int K, cudaEvent_t e0, cudaEvent_t e1) {
         char name[32];
         snprintf(name, sizeof name, lay == 0 ? "contiguous" : "experts/%d", lay == 0 ? 0 : layers[lay - 1]);
         for (int v : {V_LOADS, V_LOADS32}) {
-            float us = graph_us(st, e0, e1, K, v, G, 0, w, 0, words, out, segs, 2 * G);
+            float us = graph_us(st, K, v, G, 0, w, 0, words, out, segs, 2 * G);
             printf("%-9s %-12s %9.2f %9.2f\n", vname[v], name, us, G * 2 * tile / 1e6 / us);
         }
     }
@@ -340,7 +301,7 @@ int main(int argc, char **argv) {
             float empty_us = 0;
             for (int v = 0; v < NV; v++) {
                 size_t smem = v == V_CPASYNC || v == V_BULKCP ? slice : 0;
-                float us = graph_us(st, e0, e1, K, v, grid, smem, w, stride / 16, words, out, NULL, 0);
+                float us = graph_us(st, K, v, grid, smem, w, stride / 16, words, out, NULL, 0);
                 if (v == V_EMPTY) empty_us = us;
                 double net = us - empty_us;
                 double mb = slice * (double)grid / 1e6;
@@ -351,6 +312,6 @@ int main(int argc, char **argv) {
                            mb / us, net > 0 ? mb / net : 0.0);
             }
         }
-    experts(st, K, e0, e1);
+    experts(st, K);
     return 0;
 }

@@ -8,18 +8,7 @@
 // Also each with a realistic block: BYTES of weights read per block (prefetched before the
 // wait, as Strata's matrix-vector kernels do).
 //   nvcc -O3 -arch=sm_90 -o chain_bench tests/gpu/chain_bench.cu && ./chain_bench
-#include <cstdio>
-#include <cstdlib>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "bench_graph.cuh"
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;
@@ -96,16 +85,7 @@ __global__ void k_barrier(float *a, float *b, const uint4 *w, int words, int ste
 }
 
 static void launch(cudaStream_t st, bool pdl, void *fn, dim3 g, dim3 b, void **args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = g;
-    cfg.blockDim = b;
-    cfg.stream = st;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
+    bench_launch(st, fn, g, b, 0, pdl, args);
 }
 
 int main(int argc, char **argv) {
@@ -160,28 +140,12 @@ int main(int argc, char **argv) {
                     }
                 }
                 CK(cudaStreamEndCapture(st, &g));
-                cudaGraphExec_t ge;
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                cudaEvent_t e0, e1;
-                CK(cudaEventCreate(&e0));
-                CK(cudaEventCreate(&e1));
-                float best = 1e30f;
-                for (int r = 0; r < 20; r++) {
-                    CK(cudaEventRecord(e0, st));
-                    CK(cudaGraphLaunch(ge, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    if (ms < best) best = ms;
-                }
+                float best = bench_replay_ms(st, g, 20);
                 // Every step added 1 to every element from 0: the last holds K if the chain ran in order.
                 float h = 0;
                 CK(cudaMemcpy(&h, K & 1 ? b : a, sizeof(float), cudaMemcpyDeviceToHost));
                 printf("%-8s %-6d %-10d %8.2f%s\n", name[v], grid, bytes_list[bi] / 1024, best * 1000.0f / K,
                        h == K ? "" : "  (order broken)");
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
             }
         }
     return 0;
