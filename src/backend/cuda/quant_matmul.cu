@@ -1766,6 +1766,10 @@ struct st_moe2_args {
     // their outputs in shared memory and sum them there (moe2_cluster_combine), instead of
     // counting in and the last block reading the outputs back from L2.
     bool cluster;
+    // In the cluster, each block stores its outputs into the shared memory of the blocks that sum
+    // them, so one barrier serves (moe2_cluster_combine; STRATA_MOE_STORES=0: the summing blocks
+    // load them from the others, and a second barrier keeps those alive until then).
+    bool stores;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -2009,12 +2013,16 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
 // The one-row down kernel's combine in a cluster of its row tile's k blocks (rank = slot =
 // blockIdx.y): each block's outputs of the tile (ROWS) are in its s_o. Block u sums rows u, u + k,
 // ... over the valid slots in slot order, with moe_combine_kernel's arithmetic (the same bits
-// as the counting path), reading the others' s_o; a second barrier keeps every block's s_o
-// alive until the others have read it.
+// as the counting path). With p.stores each block stores its row j into block j % k's s_in
+// (every block arrived at the cluster's barrier at its start, so the wait here says they have
+// all started), one barrier publishes them, and each block sums from its own shared memory and
+// leaves. Else the summing blocks read the others' s_o, and a second barrier keeps every s_o
+// alive until the others have read it (a round trip and a barrier more).
 #if defined(ST_CLUSTERS)
 template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, const float *s_o) {
     __shared__ float s_cw[16];
     __shared__ unsigned char s_ok[16];
+    __shared__ float s_in[16 * ROWS]; // (p.stores) slot a's row j at a * ROWS + j
     const int k = p.k, t = threadIdx.x, j = blockIdx.y + t * k; // (k <= 16: st_cluster_fits)
     const int64_t r = (int64_t)blockIdx.x * ROWS + j;
     const bool mine = j < ROWS && r < p.rows;
@@ -2026,11 +2034,17 @@ template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const s
         s_ok[t - 32] = ok;
         s_cw[t - 32] = ok ? p.wts[t - 32] : 0.0f;
     }
+    if (p.stores) {
+        st_cluster_wait(); // every block of the cluster has started (its arrival in moe2_body)
+        __syncthreads();   // this block's s_o
+        if (t < ROWS) *st_cluster_peer(s_in + blockIdx.y * ROWS + t, (unsigned)(t % k)) = s_o[t];
+    }
     st_cluster_sync(); // every slot's outputs (and s_ok, s_cw here)
     if (mine) {
         float v[16];
 #pragma unroll
-        for (int a = 0; a < 16; a++) v[a] = a < k && s_ok[a] ? *st_cluster_peer(s_o + j, (unsigned)a) : 0.0f;
+        for (int a = 0; a < 16; a++)
+            v[a] = !(a < k && s_ok[a]) ? 0.0f : p.stores ? s_in[a * ROWS + j] : *st_cluster_peer(s_o + j, (unsigned)a);
         float acc = 0.0f;
 #pragma unroll
         for (int a = 0; a < 16; a++)
@@ -2039,7 +2053,7 @@ template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const s
         if (p.gated_o) out += sigmoidf_(gs) * go;
         p.y[r] = out;
     }
-    st_cluster_sync(); // the others are done reading s_o
+    if (!p.stores) st_cluster_sync(); // the others are done reading s_o
 }
 #endif
 
@@ -2056,6 +2070,9 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
     // ready, 5 products done, 6 stored, 7 counted in (down).
     unsigned ts;
+#if defined(ST_CLUSTERS)
+    if (!GATE && NX == 1 && p.cluster && p.stores) st_cluster_arrive_relaxed(); // others may store into s_in
+#endif
     // The down kernel's rows of expert ex asked of L2 before the wait.
     auto ask_down = [&](int ex) {
         int64_t rb = (int64_t)blockIdx.x * DR, nb = (rb + DR < p.rows ? rb + DR : p.rows) - rb;
@@ -2274,7 +2291,8 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
                : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
         st_moe2_args q = p;
         // The down kernel's combine in clusters of the k slots where they fit.
-        if (!GATE && p.y) q.cluster = st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
+        if (!GATE && p.y) q.cluster = !env_is_0("STRATA_MOE_CLUSTER") && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
+        q.stores = q.cluster && !env_is_0("STRATA_MOE_STORES");
         if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
         else st_launch(c, k, grid, 32 * W, smem, q);
         ST_CU_LAUNCHED(c, "moe2_kernel");
