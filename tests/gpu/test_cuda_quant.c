@@ -708,9 +708,13 @@ static void test_moe(void **state) {
 // kernel ranks more than 128 logits, the down blocks ask for the expert of the id they read
 // before their wait (the hint; the reference runs without it, STRATA_MOE_HINT=0): the last two
 // variants start from ids that are wrong, as an earlier layer's are, or from the right ones.
-enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_HINT_STALE, FOLD_HINT_RIGHT, FOLD_NV };
+// The one-row down kernel's combine three ways (sm_90: in a cluster by stores, the default; by
+// stores counted on an mbarrier, STRATA_MOE_COUNTED=1; by counting in through L2,
+// STRATA_MOE_CLUSTER=0, as before sm_90): the same bits.
+enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_HINT_STALE, FOLD_HINT_RIGHT, FOLD_COUNTED, FOLD_PLAIN, FOLD_NV };
 static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated",
-                                                "logits + gated, stale hints", "logits + gated, right hints"};
+                                                "logits + gated, stale hints", "logits + gated, right hints",
+                                                "logits + gated, counted stores", "logits + gated, no cluster"};
 
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
     // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
@@ -736,7 +740,7 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
     for (int i = 0; i < n * k; i++) hint[i] = (i * 7 + 3) % E; // (distinct from the ranked ones mostly)
     for (int v = 0; v < FOLD_NV; v++) {
         if (v == FOLD_HINT_RIGHT) dev_get(hint, ids[FOLD_REF], sizeof(int32_t) * n * k);
-        ids[v] = dev_put(v >= FOLD_HINT_STALE ? hint : NULL, sizeof(int32_t) * n * k);
+        ids[v] = dev_put(v == FOLD_HINT_STALE || v == FOLD_HINT_RIGHT ? hint : NULL, sizeof(int32_t) * n * k);
         w[v] = dev_put(NULL, sizeof(float) * n * k);
         y[v] = dev_put(NULL, sizeof(float) * n * d);
         cnt[v] = dev_put(NULL, sizeof(uint32_t) * E);
@@ -747,9 +751,13 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         else a.logits = ld;
         if (v != FOLD_REF && v != FOLD_LOGITS) a.gated_o = sod, a.gated_s = ssd;
         if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1), setenv("STRATA_MOE_HINT", "0", 1);
+        if (v == FOLD_COUNTED) setenv("STRATA_MOE_COUNTED", "1", 1);
+        if (v == FOLD_PLAIN) setenv("STRATA_MOE_CLUSTER", "0", 1);
         gpu->ops->moe(gpu, &a);
         unsetenv("STRATA_MOE_LATE");
         unsetenv("STRATA_MOE_HINT");
+        unsetenv("STRATA_MOE_COUNTED");
+        unsetenv("STRATA_MOE_CLUSTER");
         if (!a.gated_o) gpu->ops->add_gated_rows(gpu, y[v], sod, ssd, n, d);
     }
     int32_t *hi[FOLD_NV];

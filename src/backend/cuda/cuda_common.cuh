@@ -724,6 +724,41 @@ template <typename T> __device__ __forceinline__ const T *st_cluster_peer(const 
 template <typename T> __device__ __forceinline__ T *st_cluster_peer(T *p, unsigned rank) {
     return (T *)__cluster_map_shared_rank((void *)p, rank);
 }
+
+// Stores into the cluster's blocks that count their own arrival: a block's mbarrier (in its
+// shared memory) completes its phase once its own arrival is in and the bytes it expects have
+// landed, whichever block stored them, with no cluster barrier and no fence on the storing side.
+// st_mbar_init (one thread) and st_mbar_init_fence come before the block's arrival at the
+// cluster's barrier, and the peers store only after waiting on that barrier.
+__device__ __forceinline__ unsigned st_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void st_mbar_init(unsigned long long *bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(st_smem_addr(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void st_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// This thread's arrival, with the bytes the phase waits for (before or after they land).
+__device__ __forceinline__ void st_mbar_expect(unsigned long long *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(st_smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Until phase `parity` of bar has completed (what its stores wrote is then visible here).
+__device__ __forceinline__ void st_mbar_wait(unsigned long long *bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(st_smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// v stored at p's place in block `rank`'s shared memory, counted (4 bytes) on that block's bar
+// (bar's place there).
+__device__ __forceinline__ void st_store_counted(float *p, unsigned long long *bar, unsigned rank, float v) {
+    unsigned a, b;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(st_smem_addr(p)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(st_smem_addr(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(a),
+                 "r"(__float_as_uint(v)), "r"(b)
+                 : "memory");
+}
 #endif
 
 // A scratch buffer of at least `bytes` (contents undefined). Grows outside graph recording

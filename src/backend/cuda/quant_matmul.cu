@@ -1770,6 +1770,9 @@ struct st_moe2_args {
     // them, so one barrier serves (moe2_cluster_combine; STRATA_MOE_STORES=0: the summing blocks
     // load them from the others, and a second barrier keeps those alive until then).
     bool stores;
+    // With stores: each summing block counts the bytes that land in it on an mbarrier instead of
+    // the cluster's barrier publishing them (STRATA_MOE_COUNTED=1: opt-in until measured).
+    bool counted;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -2016,10 +2019,14 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
 // as the counting path). With p.stores each block stores its row j into block j % k's s_in
 // (every block arrived at the cluster's barrier at its start, so the wait here says they have
 // all started), one barrier publishes them, and each block sums from its own shared memory and
-// leaves. Else the summing blocks read the others' s_o, and a second barrier keeps every s_o
-// alive until the others have read it (a round trip and a barrier more).
+// leaves. With p.counted the stores are counted on the summing block's mbarrier (bar, set up at
+// the kernel's start), which completes when its k * (its rows) floats have landed: no cluster
+// barrier, and no fence after the stores (the barrier's release waits for every store of the
+// thread to complete first). Else the summing blocks read the others' s_o, and a second barrier
+// keeps every s_o alive until the others have read it (a round trip and a barrier more).
 #if defined(ST_CLUSTERS)
-template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, const float *s_o) {
+template <int ROWS>
+__device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, const float *s_o, unsigned long long *bar) {
     __shared__ float s_cw[16];
     __shared__ unsigned char s_ok[16];
     __shared__ float s_in[16 * ROWS]; // (p.stores) slot a's row j at a * ROWS + j
@@ -2035,11 +2042,19 @@ template <int ROWS> __device__ __forceinline__ void moe2_cluster_combine(const s
         s_cw[t - 32] = ok ? p.wts[t - 32] : 0.0f;
     }
     if (p.stores) {
+        if (p.counted && t == 0) st_mbar_expect(bar, 4u * k * ((ROWS - blockIdx.y + k - 1) / k));
         st_cluster_wait(); // every block of the cluster has started (its arrival in moe2_body)
-        __syncthreads();   // this block's s_o
-        if (t < ROWS) *st_cluster_peer(s_in + blockIdx.y * ROWS + t, (unsigned)(t % k)) = s_o[t];
+        __syncthreads();   // this block's s_o (and s_ok, s_cw)
+        if (t < ROWS && p.counted) st_store_counted(s_in + blockIdx.y * ROWS + t, bar, (unsigned)(t % k), s_o[t]);
+        else if (t < ROWS) *st_cluster_peer(s_in + blockIdx.y * ROWS + t, (unsigned)(t % k)) = s_o[t];
     }
-    st_cluster_sync(); // every slot's outputs (and s_ok, s_cw here)
+    if (p.counted) {
+        // Every slot's rows of this block; thread 0 waits too, so that a block whose rows are all
+        // past the matrix does not leave while the others' stores are still on their way to it.
+        if (mine || t == 0) st_mbar_wait(bar, 0);
+    } else {
+        st_cluster_sync(); // every slot's outputs (and s_ok, s_cw here)
+    }
     if (mine) {
         float v[16];
 #pragma unroll
@@ -2071,7 +2086,14 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     // ready, 5 products done, 6 stored, 7 counted in (down).
     unsigned ts;
 #if defined(ST_CLUSTERS)
-    if (!GATE && NX == 1 && p.cluster && p.stores) st_cluster_arrive_relaxed(); // others may store into s_in
+    __shared__ unsigned long long s_bar; // (p.counted) the combine's stores land counted on it
+    if (!GATE && NX == 1 && p.cluster && p.stores) {
+        if (p.counted && threadIdx.x == 0) {
+            st_mbar_init(&s_bar, 1);
+            st_mbar_init_fence();
+        }
+        st_cluster_arrive_relaxed(); // others may store into s_in
+    }
 #endif
     // The down kernel's rows of expert ex asked of L2 before the wait.
     auto ask_down = [&](int ex) {
@@ -2130,7 +2152,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     }
 #if defined(ST_CLUSTERS)
     if (CL && p.cluster) {
-        moe2_cluster_combine<DR>(p, s_h);
+        moe2_cluster_combine<DR>(p, s_h, &s_bar);
         st_trace_mark(ts, 7);
         st_trace_end();
         return;
@@ -2293,6 +2315,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
         // The down kernel's combine in clusters of the k slots where they fit.
         if (!GATE && p.y) q.cluster = !env_is_0("STRATA_MOE_CLUSTER") && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
         q.stores = q.cluster && !env_is_0("STRATA_MOE_STORES");
+        q.counted = q.stores && env_on("STRATA_MOE_COUNTED");
         if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
         else st_launch(c, k, grid, 32 * W, smem, q);
         ST_CU_LAUNCHED(c, "moe2_kernel");
