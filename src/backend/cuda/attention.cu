@@ -102,6 +102,9 @@ typedef struct attn_params {
     // their partials through shared memory (attn_cluster_merge); where more than one cluster
     // holds positions, each cluster's merged partial counts in through L2 as one split did.
     int cs;
+    // In a cluster: the partials that land in a merging block are counted on its mbarrier, which
+    // it waits on instead of the cluster's barrier (STRATA_ATTN_COUNTED=1: opt-in until measured).
+    int counted;
     // The gated attention (st_attn_args.gated): q + D, so (row, head) rh's gate is at gate +
     // rh · 2 D, and whichever writes the output multiplies it by sigmoid(gate) (mul_sigmoid_kernel's
     // arithmetic, on the value out would hold). NULL: not gated. The attention kernels run their
@@ -404,9 +407,13 @@ __device__ __forceinline__ void attn_clusters_combine(const attn_params &p, int 
 // positions are in this cluster (every short context), the merge is the output; else the merged
 // partial counts in through L2 like one split of the counting path, and the last block merges
 // the clusters'.
+// With p.counted the stores are st.async counted on the merging block's mbarrier (bar, set up
+// at the kernel's start), which completes once the partials of all its queries have landed: no
+// cluster barrier, whose release waits for every store of the thread to complete first.
 template <int EPL, int QPW, bool GATE>
 __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const float (&m)[QPW], const float (&l)[QPW],
-                                              const float (&acc)[QPW][EPL], int T, unsigned ts) {
+                                              const float (&acc)[QPW][EPL], int T, unsigned ts,
+                                              unsigned long long *bar) {
     typedef attn_shape<EPL, QPW> S;
     constexpr int D = S::D, QB = S::QB, PS = D + 2; // a query's partial: m, l, acc
     extern __shared__ float4 sm4[];
@@ -415,6 +422,11 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
     const int cs = p.cs, rank = split % cs, c0 = split - rank;
     const int act = attn_active_splits(T, p.ns, p.min_chunk);
     const int here = min(cs, act - c0); // this cluster's splits with positions (>= 1)
+    if (p.counted && threadIdx.x == 0) { // this block's queries' partials, one of each split with positions
+        int mine = 0;
+        for (int ql = rank; ql < QB && qbase + ql < p.nq; ql += cs) mine++;
+        st_mbar_expect(bar, (unsigned)(sizeof(float) * PS * here * mine));
+    }
     st_cluster_wait(); // every block of the cluster has started (attn_kernel's arrival at its start)
     if (rank < here) {
 #pragma unroll
@@ -423,14 +435,23 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
             for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
             int ql = w * QPW + jj;
             if (qbase + ql >= p.nq) continue;
-            float *pp = st_cluster_peer(recv + ((ql / cs) * cs + rank) * PS, (unsigned)(ql % cs));
+            float *at = recv + ((ql / cs) * cs + rank) * PS;
+            const unsigned to = (unsigned)(ql % cs);
+            if (p.counted) {
+                if (lane == 0) st_store_counted(at, bar, to, m[jj]), st_store_counted(at + 1, bar, to, lsum);
+#pragma unroll
+                for (int e = 0; e < EPL; e++) st_store_counted(at + 2 + e * 32 + lane, bar, to, acc[jj][e]);
+                continue;
+            }
+            float *pp = st_cluster_peer(at, to);
             if (lane == 0) *(float2 *)pp = make_float2(m[jj], lsum);
 #pragma unroll
             for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = acc[jj][e];
         }
     }
     st_trace_mark(ts, 10);
-    st_cluster_sync(); // every partial is in its merging block
+    if (p.counted) st_mbar_wait(bar, 0); // every partial of this block's queries
+    else st_cluster_sync();              // every partial is in its merging block
     st_trace_mark(ts, 4);
     const bool whole = act <= cs;
     for (int ql = rank + cs * w; ql < QB; ql += cs * ATTN_WARPS) {
@@ -464,14 +485,14 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
 template <int EPL, int QPW, bool CL, bool GATE>
 __device__ __forceinline__ bool attn_merge_in_cluster(const attn_params &p, const float (&m)[QPW],
                                                       const float (&l)[QPW], const float (&acc)[QPW][EPL], int T,
-                                                      unsigned ts) {
+                                                      unsigned ts, unsigned long long *bar) {
 #if defined(ST_CLUSTERS)
     if constexpr (CL) {
-        attn_cluster_merge<EPL, QPW, GATE>(p, m, l, acc, T, ts);
+        attn_cluster_merge<EPL, QPW, GATE>(p, m, l, acc, T, ts, bar);
         return true;
     }
 #endif
-    (void)p, (void)m, (void)l, (void)acc, (void)T, (void)ts;
+    (void)p, (void)m, (void)l, (void)acc, (void)T, (void)ts, (void)bar;
     return false;
 }
 
@@ -508,6 +529,11 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         t_end = t_begin >= T ? t_begin : min(t_end, t_begin + chunk);
     }
 #if defined(ST_CLUSTERS)
+    __shared__ unsigned long long s_bar; // (p.counted) the cluster merge's partials land counted on it
+    if (CL && p.counted && threadIdx.x == 0) {
+        st_mbar_init(&s_bar, 1);
+        st_mbar_init_fence();
+    }
     if (CL) st_cluster_arrive_relaxed(); // started: the cluster's others may store into this block
 #endif
     const int half = p.n_rot / 2;
@@ -685,7 +711,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
         __syncwarp(); // Ps is rewritten by the next tile
     }
     st_trace_mark(ts, 3);
-    if (attn_merge_in_cluster<EPL, QPW, CL, GATE>(p, m, l, acc, T, ts)) return;
+#if defined(ST_CLUSTERS)
+    if (attn_merge_in_cluster<EPL, QPW, CL, GATE>(p, m, l, acc, T, ts, &s_bar)) return;
+#endif
 
 #pragma unroll
     for (int jj = 0; jj < QPW; jj++) {
@@ -858,6 +886,14 @@ static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), bool> attn_launch_clusters(st_cu
     return false;
 }
 
+// STRATA_ATTN_COUNTED=1: the cluster merge's partials counted on the merging block's mbarrier
+// (attn_params.counted; opt-in until measured); read once.
+static bool attn_counted(void) {
+    static int on = -1;
+    if (on < 0) on = st_env_is("STRATA_ATTN_COUNTED", "1");
+    return on == 1;
+}
+
 template <int EPL, int QPW>
 static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     typedef attn_shape<EPL, QPW> S;
@@ -890,6 +926,7 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
     bool clusters = ns > 1 && p->counters && st_cluster_on();
     p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, p, qt, &ns, n_head_kv, &csmem) : 1;
+    p->counted = p->cs > 1 && attn_counted();
     if (p->cs == 1) st_allow_smem(c, k, smem);
     p->ns = ns;
     if (ns > 1) {
