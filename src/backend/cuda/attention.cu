@@ -530,11 +530,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     }
 #if defined(ST_CLUSTERS)
     __shared__ unsigned long long s_bar; // (p.counted) the cluster merge's partials land counted on it
-    if (CL && p.counted && threadIdx.x == 0) {
-        st_mbar_init(&s_bar, 1);
-        st_mbar_init_fence();
-    }
-    if (CL) st_cluster_arrive_relaxed(); // started: the cluster's others may store into this block
+    if (CL) st_cluster_started(&s_bar, p.counted); // the cluster's others may store into this block
 #endif
     const int half = p.n_rot / 2;
     float *Kn = Ps + QB * TK;      // fused norms: (n, D) this head's new k rows, normalized and rotated

@@ -728,8 +728,8 @@ template <typename T> __device__ __forceinline__ T *st_cluster_peer(T *p, unsign
 // Stores into the cluster's blocks that count their own arrival: a block's mbarrier (in its
 // shared memory) completes its phase once its own arrival is in and the bytes it expects have
 // landed, whichever block stored them, with no cluster barrier and no fence on the storing side.
-// st_mbar_init (one thread) and st_mbar_init_fence come before the block's arrival at the
-// cluster's barrier, and the peers store only after waiting on that barrier.
+// The mbarrier is set up before the block's arrival at the cluster's barrier
+// (st_cluster_started), and the peers store only after waiting on that barrier.
 __device__ __forceinline__ unsigned st_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void st_mbar_init(unsigned long long *bar, unsigned arrivals) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(st_smem_addr(bar)), "r"(arrivals) : "memory");
@@ -748,6 +748,16 @@ __device__ __forceinline__ void st_mbar_wait(unsigned long long *bar, unsigned p
                      : "r"(st_smem_addr(bar)), "r"(parity)
                      : "memory");
     } while (!done);
+}
+// A cluster kernel's start where its blocks store into each other later: this block arrives at
+// the cluster's barrier (it has started; with counted, its mbarrier bar is set up first), and a
+// peer's st_cluster_wait before its first store says every block of the cluster is ready.
+__device__ __forceinline__ void st_cluster_started(unsigned long long *bar, bool counted) {
+    if (counted && threadIdx.x == 0) {
+        st_mbar_init(bar, 1);
+        st_mbar_init_fence();
+    }
+    st_cluster_arrive_relaxed();
 }
 // v stored at p's place in block `rank`'s shared memory, counted (4 bytes) on that block's bar
 // (bar's place there).

@@ -2087,13 +2087,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     unsigned ts;
 #if defined(ST_CLUSTERS)
     __shared__ unsigned long long s_bar; // (p.counted) the combine's stores land counted on it
-    if (!GATE && NX == 1 && p.cluster && p.stores) {
-        if (p.counted && threadIdx.x == 0) {
-            st_mbar_init(&s_bar, 1);
-            st_mbar_init_fence();
-        }
-        st_cluster_arrive_relaxed(); // others may store into s_in
-    }
+    if (!GATE && NX == 1 && p.cluster && p.stores) st_cluster_started(&s_bar, p.counted); // others may store into s_in
 #endif
     // The down kernel's rows of expert ex asked of L2 before the wait.
     auto ask_down = [&](int ex) {
