@@ -708,13 +708,19 @@ static void test_moe(void **state) {
 // kernel ranks more than 128 logits, the down blocks ask for the expert of the id they read
 // before their wait (the hint; the reference runs without it, STRATA_MOE_HINT=0): the last two
 // variants start from ids that are wrong, as an earlier layer's are, or from the right ones.
-// The one-row down kernel's combine three ways (sm_90: in a cluster by stores, the default; by
-// stores counted on an mbarrier, STRATA_MOE_COUNTED=1; by counting in through L2,
-// STRATA_MOE_CLUSTER=0, as before sm_90): the same bits.
-enum { FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_HINT_STALE, FOLD_HINT_RIGHT, FOLD_COUNTED, FOLD_PLAIN, FOLD_NV };
-static const char *const fold_names[FOLD_NV] = {"reference", "logits", "logits + gated", "ids + gated",
-                                                "logits + gated, stale hints", "logits + gated, right hints",
-                                                "logits + gated, counted stores", "logits + gated, no cluster"};
+// The one-row down kernel's combine three ways (sm_90: in a cluster by stores counted on an
+// mbarrier, the default; by stores the cluster's barrier publishes, STRATA_MOE_COUNTED=0; by
+// counting in through L2, STRATA_MOE_CLUSTER=0, as before sm_90), and the gate/up kernel's
+// rows staged in shared memory (the default), read through L2 (STRATA_MOE_STAGE=0), or asked for
+// after x is quantized (STRATA_MOE_RANK_FIRST=0): the same bits.
+enum {
+    FOLD_REF, FOLD_LOGITS, FOLD_GATED, FOLD_IDS, FOLD_HINT_STALE, FOLD_HINT_RIGHT, FOLD_BARRIER, FOLD_PLAIN,
+    FOLD_UNSTAGED, FOLD_X_FIRST, FOLD_NV
+};
+static const char *const fold_names[FOLD_NV] = {
+    "reference", "logits", "logits + gated", "ids + gated", "logits + gated, stale hints",
+    "logits + gated, right hints", "logits + gated, stores and a barrier", "logits + gated, no cluster",
+    "logits + gated, rows through L2", "logits + gated, x quantized first"};
 
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
     // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
@@ -751,13 +757,17 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         else a.logits = ld;
         if (v != FOLD_REF && v != FOLD_LOGITS) a.gated_o = sod, a.gated_s = ssd;
         if (v == FOLD_REF) setenv("STRATA_MOE_LATE", "1", 1), setenv("STRATA_MOE_HINT", "0", 1);
-        if (v == FOLD_COUNTED) setenv("STRATA_MOE_COUNTED", "1", 1);
+        if (v == FOLD_BARRIER) setenv("STRATA_MOE_COUNTED", "0", 1);
         if (v == FOLD_PLAIN) setenv("STRATA_MOE_CLUSTER", "0", 1);
+        if (v == FOLD_UNSTAGED) setenv("STRATA_MOE_STAGE", "0", 1);
+        if (v == FOLD_X_FIRST) setenv("STRATA_MOE_RANK_FIRST", "0", 1);
         gpu->ops->moe(gpu, &a);
         unsetenv("STRATA_MOE_LATE");
         unsetenv("STRATA_MOE_HINT");
         unsetenv("STRATA_MOE_COUNTED");
         unsetenv("STRATA_MOE_CLUSTER");
+        unsetenv("STRATA_MOE_STAGE");
+        unsetenv("STRATA_MOE_RANK_FIRST");
         if (!a.gated_o) gpu->ops->add_gated_rows(gpu, y[v], sod, ssd, n, d);
     }
     int32_t *hi[FOLD_NV];

@@ -103,7 +103,7 @@ typedef struct attn_params {
     // holds positions, each cluster's merged partial counts in through L2 as one split did.
     int cs;
     // In a cluster: the partials that land in a merging block are counted on its mbarrier, which
-    // it waits on instead of the cluster's barrier (STRATA_ATTN_COUNTED=1: opt-in until measured).
+    // it waits on instead of the cluster's barrier (STRATA_ATTN_COUNTED=0: the barrier).
     int counted;
     // The gated attention (st_attn_args.gated): q + D, so (row, head) rh's gate is at gate +
     // rh · 2 D, and whichever writes the output multiplies it by sigmoid(gate) (mul_sigmoid_kernel's
@@ -882,11 +882,11 @@ static std::enable_if_t<!ATTN_CLUSTER_EPL(EPL), bool> attn_launch_clusters(st_cu
     return false;
 }
 
-// STRATA_ATTN_COUNTED=1: the cluster merge's partials counted on the merging block's mbarrier
-// (attn_params.counted; opt-in until measured); read once.
+// The cluster merge's partials counted on the merging block's mbarrier (attn_params.counted;
+// STRATA_ATTN_COUNTED=0: published by the cluster's barrier instead); read once.
 static bool attn_counted(void) {
     static int on = -1;
-    if (on < 0) on = st_env_is("STRATA_ATTN_COUNTED", "1");
+    if (on < 0) on = !st_env_is("STRATA_ATTN_COUNTED", "0");
     return on == 1;
 }
 

@@ -1771,8 +1771,20 @@ struct st_moe2_args {
     // load them from the others, and a second barrier keeps those alive until then).
     bool stores;
     // With stores: each summing block counts the bytes that land in it on an mbarrier instead of
-    // the cluster's barrier publishing them (STRATA_MOE_COUNTED=1: opt-in until measured).
+    // the cluster's barrier publishing them (STRATA_MOE_COUNTED=0: the barrier).
     bool counted;
+    // Gate/up of one row where it routes: each block starts its expert's rows on their way as
+    // soon as it has ranked, and quantizes x after that, while they stream
+    // (STRATA_MOE_RANK_FIRST=0: x is quantized with the logits' loads, before the ranking, and
+    // the rows asked of L2 after it).
+    bool rank_first;
+    // With rank_first, where the gate and up rows are 16-byte aligned and of one size: each warp
+    // copies its rows into shared memory (cp.async, moe2_tile) instead of asking L2 for them, and
+    // the products read them there (STRATA_MOE_STAGE=0: asked of L2, read from there).
+    bool stage;
+    // With stage: the products wait for all the rows at once (STRATA_MOE_STAGE_ALL=1, for A/B
+    // runs) instead of starting on each group of rows as it lands.
+    bool stage_all;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1863,18 +1875,83 @@ __device__ __forceinline__ int moe2_expert_hint(const st_moe2_args &p) {
     return s_hint;
 }
 
+// Weight row i (of the warp's output rows for down, its 2P gate and up rows for gate/up) of this
+// warp in row tile tt of the block's TT (moe2_rows' layout; HW: a half-warp's rows); rows past
+// the matrix read row 0.
+template <bool GATE, int P, int W, bool HW>
+__device__ __forceinline__ const uint8_t *moe2_row_ptr(const st_moe2_args &p, int e, int TT, int tt, int i) {
+    constexpr int WR = GATE ? P : HW ? 4 * P : 2 * P;
+    int64_t r0 = ((int64_t)blockIdx.x * TT + tt) * (W * WR) + (threadIdx.x >> 5) * WR;
+    if (GATE) {
+        int64_t r = r0 + i / 2 < p.rows ? r0 + i / 2 : 0;
+        return (i & 1) ? p.wu + (size_t)e * p.u_mat + (size_t)r * p.u_row_bytes
+                       : p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
+    }
+    return p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
+}
+
+// Asks L2 for the rows of expert e that this warp computes in its block's TT tiles, all at once
+// (lane j: row j % PR of tile j / PR), with the streaming policy; without it, this lane's first
+// chunk of each row of the first tile.
+template <int T, int NX, bool GATE, int P, int W, bool HW = false>
+__device__ __forceinline__ void moe2_ask_rows(const st_moe2_args &p, int e, int TT) {
+    constexpr int R = 2 * P, WR = GATE ? P : HW ? 4 * P : 2 * P, PR = GATE ? R : WR;
+    int lane = threadIdx.x & 31, half = HW ? lane >> 4 : 0, lc = HW ? lane & 15 : lane;
+    const int64_t rb = (int64_t)blockIdx.x * TT * (W * WR) + (threadIdx.x >> 5) * WR;
+    if (cuq_l2_hint) {
+        if (lane < PR * TT && rb + (int64_t)(lane / PR) * (W * WR) < p.rows)
+            prefetch_l2_bulk(moe2_row_ptr<GATE, P, W, HW>(p, e, TT, lane / PR, lane % PR),
+                             GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
+    } else if (rb < p.rows && lc < p.cols / 32) {
+#pragma unroll
+        for (int i = 0; i < R; i++) prefetch_chunk<T>(moe2_row_ptr<GATE, P, W, HW>(p, e, TT, 0, half * R + i), lc);
+    }
+}
+
+// The groups of rows a staged gate/up warp copies and computes in turn (moe2_route_one, moe2_rows).
+#define ST_MOE2_STAGES 4
+
+// Where p.stage puts warp w's 2P gate and up rows (moe2_row_ptr's order) in the dynamic shared
+// memory: after the quantized input and its scales.
+__host__ __device__ __forceinline__ size_t moe2_tile_off(const st_moe2_args &p) {
+    return ((size_t)p.gcap * p.cols + sizeof(float2) * (size_t)p.gcap * (p.cols / 32) + 15) & ~(size_t)15;
+}
+
 // One row with the routing folded in (p.logits): every block ranks the row's logits itself
 // (route_rank) and takes the expert of rank blockIdx.y; block (0, 0) also writes the row's ids
-// and weights and counts them. The row's x is quantized meanwhile, as moe2_one does.
+// and weights and counts them. The row's x is quantized with the logits' loads, as moe2_one
+// does, or (p.rank_first) after the ranking, once the block's rows are on their way: copied into
+// shared memory in ST_MOE2_STAGES groups (p.stage; moe2_rows waits for each), else asked of L2.
+template <int T, int P, int W>
 __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs,
                                unsigned ts) {
     route_load(p.logits, p.n_route, rs);
-    quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
-                (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+    if (!p.rank_first)
+        quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                    (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
     __syncthreads();
     st_trace_mark(ts, 1);
     route_rank(p.n_route, p.k, rs, p.rank_pairs);
     st_trace_mark(ts, 2);
+    if (p.rank_first) { // the rows asked for first; x quantized while they stream
+        int ex = moe2_matrix(p, rs.top[blockIdx.y]);
+        if (ex >= 0 && p.stage) {
+            uint8_t *tile = moe2_smem + moe2_tile_off(p) + (size_t)(threadIdx.x >> 5) * 2 * P * p.g_row_bytes;
+            unsigned long long pol = st_l2_evict_first();
+            constexpr int RG = 2 * P >= ST_MOE2_STAGES ? 2 * P / ST_MOE2_STAGES : 1; // rows a group
+#pragma unroll
+            for (int i = 0; i < 2 * P; i++) {
+                const uint8_t *src = moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i);
+                for (size_t o = (size_t)(threadIdx.x & 31) * 16; o < p.g_row_bytes; o += 32 * 16)
+                    st_cp_async16_pol(tile + i * p.g_row_bytes + o, src + o, pol);
+                if ((i + 1) % RG == 0) st_cp_commit();
+            }
+        } else if (ex >= 0) {
+            moe2_ask_rows<T, 1, true, P, W>(p, ex, 1);
+        }
+        quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                    (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+    }
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
     st_trace_mark(ts, 3);
     int u = blockIdx.y;
@@ -1905,28 +1982,10 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
     const int TT = NX == 1 ? 1 : p.tiles; // row tiles a block computes, one after another
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int half = HW ? lane >> 4 : 0, lc = HW ? lane & 15 : lane; // this lane's rows half * R .., its chunk
-    // Weight row i (of WR for down, R for gate/up) of this warp in the block's tile tt; rows past
-    // the matrix read row 0.
-    auto row_ptr = [&](int tt, int i) -> const uint8_t * {
-        int64_t r0 = ((int64_t)blockIdx.x * TT + tt) * (W * WR) + warp * WR;
-        if (GATE) {
-            int64_t r = r0 + i / 2 < p.rows ? r0 + i / 2 : 0;
-            return (i & 1) ? p.wu + (size_t)e * p.u_mat + (size_t)r * p.u_row_bytes
-                           : p.wg + (size_t)e * p.g_mat + (size_t)r * p.g_row_bytes;
-        }
-        return p.wg + (size_t)e * p.g_mat + (size_t)(r0 + i < p.rows ? r0 + i : 0) * p.g_row_bytes;
-    };
+    auto row_ptr = [&](int tt, int i) { return moe2_row_ptr<GATE, P, W, HW>(p, e, TT, tt, i); };
     int nchunk = p.cols / 32, hcols = p.cols / 2;
-    // Every tile's rows are asked of L2 at once (lane j: row j % PR of tile j / PR).
-    constexpr int PR = GATE ? R : WR;
     const int64_t rb = (int64_t)blockIdx.x * TT * (W * WR) + warp * WR;
-    if (cuq_l2_hint) {
-        if (!p.early && lane < PR * TT && rb + (int64_t)(lane / PR) * (W * WR) < p.rows)
-            prefetch_l2_bulk(row_ptr(lane / PR, lane % PR), GATE && (lane & 1) ? p.u_row_bytes : p.g_row_bytes);
-    } else if (!p.early && rb < p.rows && lc < nchunk) {
-#pragma unroll
-        for (int i = 0; i < R; i++) prefetch_chunk<T>(row_ptr(0, half * R + i), lc);
-    }
+    if (!p.early && !(GATE && NX == 1 && p.logits && p.rank_first)) moe2_ask_rows<T, NX, GATE, P, W, HW>(p, e, TT);
     int8_t *sq = (int8_t *)moe2_smem;
     float2 *sds = (float2 *)(moe2_smem + (size_t)p.gcap * p.cols);
     const int8_t *xq = sq;
@@ -1944,14 +2003,44 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             int64_t r0 = rb + (int64_t)tt * (W * WR);
             if (r0 >= p.rows) break;
             const uint8_t *wr[R];
+            const bool staged = GATE && NX == 1 && p.logits && p.stage; // (moe2_route_one copied them)
 #pragma unroll
-            for (int i = 0; i < R; i++) wr[i] = row_ptr(tt, half * R + i);
+            for (int i = 0; i < R; i++)
+                wr[i] = staged ? moe2_smem + moe2_tile_off(p) + (size_t)(warp * R + i) * p.g_row_bytes
+                               : row_ptr(tt, half * R + i);
             float acc[R][NX];
 #pragma unroll
             for (int i = 0; i < R; i++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
-            for (int c = lc; c < nchunk; c += CL) {
+            if constexpr (GATE && NX == 1) {
+                // Staged rows land in ST_MOE2_STAGES groups of rows (moe2_route_one's commits):
+                // each group's products start once its copies have landed, while the next ones
+                // land. Each row's sum runs over its chunks in the same order: the same bits.
+                constexpr int RG = R / ST_MOE2_STAGES;
+                static_assert(ST_MOE2_STAGES == 4 && R % ST_MOE2_STAGES == 0, "staged row groups");
+#pragma unroll
+                for (int g = 0; g < ST_MOE2_STAGES && staged; g++) {
+                    if (g == 0 && p.stage_all) st_cp_wait<0>();
+                    else if (g == 0) st_cp_wait<3>();
+                    else if (g == 1) st_cp_wait<2>();
+                    else if (g == 2) st_cp_wait<1>();
+                    else st_cp_wait<0>();
+                    __syncwarp(); // the warp's other lanes copied parts of these rows
+                    for (int c = lc; c < nchunk; c += CL) {
+                        const int8_t *q = xq + c * 16;
+                        int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + hcols);
+                        float2 ds = xds[c];
+#pragma unroll
+                        for (int i = g * RG; i < g * RG + RG; i++) {
+                            st_wchunk w;
+                            st_qt<T>::unpack(wr[i], c, w);
+                            acc[i][0] += chunk_dot_x<T>(w, x0, x1, ds);
+                        }
+                    }
+                }
+            }
+            for (int c = lc; c < nchunk && !(GATE && NX == 1 && staged); c += CL) {
                 st_wchunk w[R];
 #pragma unroll
                 for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
@@ -2118,7 +2207,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
                 if (v >= 0 && v < p.n_route) atomicAdd(&p.counts[v], 1u);
             }
         m = NX != 1 ? moe2_members(p, s_asg, &e)
-          : routes  ? moe2_route_one(p, s_asg, &e, moe2_smem, rs, ts)
+          : routes  ? moe2_route_one<T, P, W>(p, s_asg, &e, moe2_smem, rs, ts)
                     : moe2_one(p, s_asg, &e, moe2_smem, !GATE && p.hq);
     }
     st_trace_mark(ts, 4);
@@ -2306,10 +2395,25 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
                : hw ? moe2_down4_kernel<T, P1, true> : W == ST_MOE2_DOWN_WARPS ? moe2_down4_kernel<T, P1, false>
                : moe2_cap2<T, GATE, P1>() ? moe2_cap2_kernel<T, GATE, P1> : moe2_kernel<T, 1, GATE, P1>;
         st_moe2_args q = p;
+        // The gate/up rows staged in shared memory (p.stage) where that leaves as many blocks a
+        // multiprocessor as without (Q8_0's rows at 2,048 columns would halve them).
+        q.stage = GATE && p.logits && p.stage;
+        if (q.stage) {
+            size_t s2 = moe2_tile_off(p) + (size_t)W * 2 * P1 * p.g_row_bytes;
+            cudaFuncAttributes fa;
+            int b0 = 0, b1 = 0;
+            q.stage = cudaFuncGetAttributes(&fa, (const void *)k) == cudaSuccess &&
+                      fa.sharedSizeBytes + s2 <= c->prop.sharedMemPerBlockOptin;
+            if (q.stage) st_allow_smem(c, k, s2);
+            q.stage = q.stage && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, k, 32 * W, smem) == cudaSuccess &&
+                      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b1, k, 32 * W, s2) == cudaSuccess && b1 >= b0;
+            cudaGetLastError();
+            if (q.stage) smem = s2;
+        }
         // The down kernel's combine in clusters of the k slots where they fit.
         if (!GATE && p.y) q.cluster = !env_is_0("STRATA_MOE_CLUSTER") && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
         q.stores = q.cluster && !env_is_0("STRATA_MOE_STORES");
-        q.counted = q.stores && env_on("STRATA_MOE_COUNTED");
+        q.counted = q.stores && !env_is_0("STRATA_MOE_COUNTED");
         if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
         else st_launch(c, k, grid, 32 * W, smem, q);
         ST_CU_LAUNCHED(c, "moe2_kernel");
@@ -2381,6 +2485,11 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
         p.route_w = (float *)a->weights;
     }
     p.rank_pairs = !env_is_0("STRATA_RANK_PAIRS");
+    p.rank_first = !env_is_0("STRATA_MOE_RANK_FIRST");
+    p.stage_all = env_on("STRATA_MOE_STAGE_ALL");
+    p.stage = p.rank_first && !env_is_0("STRATA_MOE_STAGE") && gate->row_bytes == up->row_bytes &&
+              gate->row_bytes % 16 == 0 && gate->mat_bytes % 16 == 0 && up->mat_bytes % 16 == 0 &&
+              ((uintptr_t)gate->data & 15) == 0 && ((uintptr_t)up->data & 15) == 0;
     p.na = na;
     p.k = k;
     p.n_expert = E;
