@@ -749,6 +749,16 @@ __device__ __forceinline__ void st_mbar_wait(unsigned long long *bar, unsigned p
                      : "memory");
     } while (!done);
 }
+// n bytes (a multiple of 16, both addresses 16-byte aligned) from global memory into this
+// block's shared memory by the copy engine, counted on bar (this block's) as they land: the
+// issuing thread does not wait for them, where the load path's copies (st_cp_async16) stall it
+// once its queue is full.
+__device__ __forceinline__ void st_bulk_copy(void *dst, const void *src, unsigned n, unsigned long long *bar,
+                                             unsigned long long pol) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(st_smem_addr(dst)), "l"(src), "r"(n), "r"(st_smem_addr(bar)), "l"(pol)
+                 : "memory");
+}
 // A cluster kernel's start where its blocks store into each other later: this block arrives at
 // the cluster's barrier (it has started; with counted, its mbarrier bar is set up first), and a
 // peer's st_cluster_wait before its first store says every block of the cluster is ready.

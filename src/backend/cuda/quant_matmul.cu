@@ -1785,6 +1785,10 @@ struct st_moe2_args {
     // With stage: the products wait for all the rows at once (STRATA_MOE_STAGE_ALL=1, for A/B
     // runs) instead of starting on each group of rows as it lands.
     bool stage_all;
+    // With stage, sm_90: the copy engine copies each pair's rows (cp.async.bulk, counted on the
+    // warp's mbarrier of that group) so the warps go on at once to quantize x; else the warps'
+    // lanes copy them (cp.async) and stall until most have landed (STRATA_MOE_BULK=0).
+    bool bulk;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1911,6 +1915,12 @@ __device__ __forceinline__ void moe2_ask_rows(const st_moe2_args &p, int e, int 
 // The groups of rows a staged gate/up warp copies and computes in turn (moe2_route_one, moe2_rows).
 #define ST_MOE2_STAGES 4
 
+// The mbarriers the staged rows' groups land on with p.bulk: ST_MOE2_STAGES a warp.
+__device__ __forceinline__ unsigned long long *moe2_stage_bars() {
+    __shared__ unsigned long long bars[ST_MOE2_WARPS * ST_MOE2_STAGES];
+    return bars + (threadIdx.x >> 5) * ST_MOE2_STAGES;
+}
+
 // Where p.stage puts warp w's 2P gate and up rows (moe2_row_ptr's order) in the dynamic shared
 // memory: after the quantized input and its scales.
 __host__ __device__ __forceinline__ size_t moe2_tile_off(const st_moe2_args &p) {
@@ -1939,12 +1949,31 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
             uint8_t *tile = moe2_smem + moe2_tile_off(p) + (size_t)(threadIdx.x >> 5) * 2 * P * p.g_row_bytes;
             unsigned long long pol = st_l2_evict_first();
             constexpr int RG = 2 * P >= ST_MOE2_STAGES ? 2 * P / ST_MOE2_STAGES : 1; // rows a group
+#if defined(ST_CLUSTERS)
+            if (p.bulk) {
+                // Lane 0 asks the copy engine for the warp's rows, group g counted on bar[g]; the
+                // lanes wait on them in moe2_rows, after this block's barrier below.
+                unsigned long long *bar = moe2_stage_bars();
+                if ((threadIdx.x & 31) == 0) {
+                    for (int g = 0; g < ST_MOE2_STAGES; g++) st_mbar_init(bar + g, 1);
+                    st_mbar_init_fence();
 #pragma unroll
-            for (int i = 0; i < 2 * P; i++) {
-                const uint8_t *src = moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i);
-                for (size_t o = (size_t)(threadIdx.x & 31) * 16; o < p.g_row_bytes; o += 32 * 16)
-                    st_cp_async16_pol(tile + i * p.g_row_bytes + o, src + o, pol);
-                if ((i + 1) % RG == 0) st_cp_commit();
+                    for (int i = 0; i < 2 * P; i++) {
+                        if (i % RG == 0) st_mbar_expect(bar + i / RG, (unsigned)(RG * p.g_row_bytes));
+                        st_bulk_copy(tile + i * p.g_row_bytes, moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i),
+                                     (unsigned)p.g_row_bytes, bar + i / RG, pol);
+                    }
+                }
+            } else
+#endif
+            {
+#pragma unroll
+                for (int i = 0; i < 2 * P; i++) {
+                    const uint8_t *src = moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i);
+                    for (size_t o = (size_t)(threadIdx.x & 31) * 16; o < p.g_row_bytes; o += 32 * 16)
+                        st_cp_async16_pol(tile + i * p.g_row_bytes + o, src + o, pol);
+                    if ((i + 1) % RG == 0) st_cp_commit();
+                }
             }
         } else if (ex >= 0) {
             moe2_ask_rows<T, 1, true, P, W>(p, ex, 1);
@@ -2021,12 +2050,20 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                 static_assert(ST_MOE2_STAGES == 4 && R % ST_MOE2_STAGES == 0, "staged row groups");
 #pragma unroll
                 for (int g = 0; g < ST_MOE2_STAGES && staged; g++) {
-                    if (g == 0 && p.stage_all) st_cp_wait<0>();
-                    else if (g == 0) st_cp_wait<3>();
-                    else if (g == 1) st_cp_wait<2>();
-                    else if (g == 2) st_cp_wait<1>();
-                    else st_cp_wait<0>();
-                    __syncwarp(); // the warp's other lanes copied parts of these rows
+#if defined(ST_CLUSTERS)
+                    if (p.bulk) {
+                        for (int h = g; h < (p.stage_all && g == 0 ? ST_MOE2_STAGES : g + 1); h++)
+                            st_mbar_wait(moe2_stage_bars() + h, 0);
+                    } else
+#endif
+                    {
+                        if (g == 0 && p.stage_all) st_cp_wait<0>();
+                        else if (g == 0) st_cp_wait<3>();
+                        else if (g == 1) st_cp_wait<2>();
+                        else if (g == 2) st_cp_wait<1>();
+                        else st_cp_wait<0>();
+                        __syncwarp(); // the warp's other lanes copied parts of these rows
+                    }
                     for (int c = lc; c < nchunk; c += CL) {
                         const int8_t *q = xq + c * 16;
                         int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + hcols);
@@ -2410,6 +2447,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
             cudaGetLastError();
             if (q.stage) smem = s2;
         }
+        q.bulk = q.stage && c->prop.major >= 9 && !env_is_0("STRATA_MOE_BULK");
         // The down kernel's combine in clusters of the k slots where they fit.
         if (!GATE && p.y) q.cluster = !env_is_0("STRATA_MOE_CLUSTER") && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
         q.stores = q.cluster && !env_is_0("STRATA_MOE_STORES");
