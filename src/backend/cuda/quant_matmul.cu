@@ -1914,6 +1914,11 @@ __device__ __forceinline__ void moe2_ask_rows(const st_moe2_args &p, int e, int 
 
 // The groups of rows a staged gate/up warp copies and computes in turn (moe2_route_one, moe2_rows).
 #define ST_MOE2_STAGES 4
+// The weight types whose one-row gate/up kernel stages its rows (p.stage): those measured
+// faster so (Q4_K, 2026-12-05). The staged code costs other types' kernels registers and spills
+// (Q5_K's, Q6_K's 80 -> 112 and 56 -> 104 bytes of stack), so they keep their old code until
+// an A/B shows the staging pays for them too.
+template <int T> constexpr bool moe2_stages = T == ST_TYPE_Q4_K;
 
 // The mbarriers the staged rows' groups land on with p.bulk: ST_MOE2_STAGES a warp.
 __device__ __forceinline__ unsigned long long *moe2_stage_bars() {
@@ -1945,7 +1950,7 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
     st_trace_mark(ts, 2);
     if (p.rank_first) { // the rows asked for first; x quantized while they stream
         int ex = moe2_matrix(p, rs.top[blockIdx.y]);
-        if (ex >= 0 && p.stage) {
+        if (moe2_stages<T> && ex >= 0 && p.stage) {
             uint8_t *tile = moe2_smem + moe2_tile_off(p) + (size_t)(threadIdx.x >> 5) * 2 * P * p.g_row_bytes;
             unsigned long long pol = st_l2_evict_first();
             constexpr int RG = 2 * P >= ST_MOE2_STAGES ? 2 * P / ST_MOE2_STAGES : 1; // rows a group
@@ -2032,7 +2037,8 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             int64_t r0 = rb + (int64_t)tt * (W * WR);
             if (r0 >= p.rows) break;
             const uint8_t *wr[R];
-            const bool staged = GATE && NX == 1 && p.logits && p.stage; // (moe2_route_one copied them)
+            // (moe2_route_one copied them)
+            const bool staged = GATE && NX == 1 && moe2_stages<T> && p.logits && p.stage;
 #pragma unroll
             for (int i = 0; i < R; i++)
                 wr[i] = staged ? moe2_smem + moe2_tile_off(p) + (size_t)(warp * R + i) * p.g_row_bytes
@@ -2042,7 +2048,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
             for (int i = 0; i < R; i++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[i][j] = 0.0f;
-            if constexpr (GATE && NX == 1) {
+            if constexpr (GATE && NX == 1 && moe2_stages<T>) {
                 // Staged rows land in ST_MOE2_STAGES groups of rows (moe2_route_one's commits):
                 // each group's products start once its copies have landed, while the next ones
                 // land. Each row's sum runs over its chunks in the same order: the same bits.
@@ -2434,7 +2440,7 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
         st_moe2_args q = p;
         // The gate/up rows staged in shared memory (p.stage) where that leaves as many blocks a
         // multiprocessor as without (Q8_0's rows at 2,048 columns would halve them).
-        q.stage = GATE && p.logits && p.stage;
+        q.stage = GATE && moe2_stages<T> && p.logits && p.stage;
         if (q.stage) {
             size_t s2 = moe2_tile_off(p) + (size_t)W * 2 * P1 * p.g_row_bytes;
             cudaFuncAttributes fa;
