@@ -664,11 +664,10 @@ bool st_cluster_on(void);
 // max >= 0 it is recorded; returns the recorded value, or -1 if none. Clusters of one block are
 // single blocks (st_one_wave).
 int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max);
-// Whether `blocks` blocks of kernel k (threads each, smem bytes of dynamic shared memory) are all
-// resident at once on the card: false where a block cannot take smem bytes at all. Lets the
-// kernel take them; asked of the runtime once (st_cluster_known).
-template <typename... P>
-static inline bool st_one_wave(st_cuda *c, void (*k)(P...), unsigned long blocks, unsigned threads, size_t smem) {
+// How many blocks of kernel k (threads each, smem bytes of dynamic shared memory) are resident
+// at once on the card: 0 where a block cannot take smem bytes at all. Lets the kernel take them;
+// asked of the runtime once (st_cluster_known).
+template <typename... P> static inline int st_resident_blocks(st_cuda *c, void (*k)(P...), unsigned threads, size_t smem) {
     int n = st_cluster_known(c->device, (const void *)k, 1, threads, smem, -1);
     if (n < 0) {
         cudaFuncAttributes fa;
@@ -683,6 +682,12 @@ static inline bool st_one_wave(st_cuda *c, void (*k)(P...), unsigned long blocks
         n = per_sm * c->prop.multiProcessorCount;
         st_cluster_known(c->device, (const void *)k, 1, threads, smem, n);
     }
+    return n;
+}
+// Whether `blocks` blocks of kernel k are all resident at once (st_resident_blocks).
+template <typename... P>
+static inline bool st_one_wave(st_cuda *c, void (*k)(P...), unsigned long blocks, unsigned threads, size_t smem) {
+    int n = st_resident_blocks(c, k, threads, smem);
     return n > 0 && blocks <= (unsigned long)n;
 }
 template <typename... P>

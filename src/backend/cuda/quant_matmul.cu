@@ -1767,11 +1767,8 @@ struct st_moe2_args {
     // counting in and the last block reading the outputs back from L2.
     bool cluster;
     // In the cluster, each block stores its outputs into the shared memory of the blocks that sum
-    // them, so one barrier serves (moe2_cluster_combine; STRATA_MOE_STORES=0: the summing blocks
-    // load them from the others, and a second barrier keeps those alive until then).
-    bool stores;
-    // With stores: each summing block counts the bytes that land in it on an mbarrier instead of
-    // the cluster's barrier publishing them (STRATA_MOE_COUNTED=0: the barrier).
+    // them (moe2_cluster_combine), and each summing block counts the bytes that land in it on an
+    // mbarrier instead of the cluster's barrier publishing them (STRATA_MOE_COUNTED=0: the barrier).
     bool counted;
     // Gate/up of one row where it routes: each block starts its expert's rows on their way as
     // soon as it has ranked, and quantizes x after that, while they stream
@@ -2148,20 +2145,19 @@ __device__ __forceinline__ int moe2_expert_early(const st_moe2_args &p, st_route
 // The one-row down kernel's combine in a cluster of its row tile's k blocks (rank = slot =
 // blockIdx.y): each block's outputs of the tile (ROWS) are in its s_o. Block u sums rows u, u + k,
 // ... over the valid slots in slot order, with moe_combine_kernel's arithmetic (the same bits
-// as the counting path). With p.stores each block stores its row j into block j % k's s_in
-// (every block arrived at the cluster's barrier at its start, so the wait here says they have
-// all started), one barrier publishes them, and each block sums from its own shared memory and
-// leaves. With p.counted the stores are counted on the summing block's mbarrier (bar, set up at
-// the kernel's start), which completes when its k * (its rows) floats have landed: no cluster
-// barrier, and no fence after the stores (the barrier's release waits for every store of the
-// thread to complete first). Else the summing blocks read the others' s_o, and a second barrier
-// keeps every s_o alive until the others have read it (a round trip and a barrier more).
+// as the counting path). Each block stores its row j into block j % k's s_in (every block
+// arrived at the cluster's barrier at its start, so the wait here says they have all started),
+// and each block sums from its own shared memory and leaves. With p.counted the stores are
+// counted on the summing block's mbarrier (bar, set up at the kernel's start), which completes
+// when its k * (its rows) floats have landed: no cluster barrier, and no fence after the stores
+// (the barrier's release waits for every store of the thread to complete first); else one
+// cluster barrier publishes them.
 #if defined(ST_CLUSTERS)
 template <int ROWS>
 __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, const float *s_o, unsigned long long *bar) {
     __shared__ float s_cw[16];
     __shared__ unsigned char s_ok[16];
-    __shared__ float s_in[16 * ROWS]; // (p.stores) slot a's row j at a * ROWS + j
+    __shared__ float s_in[16 * ROWS]; // slot a's row j at a * ROWS + j
     const int k = p.k, t = threadIdx.x, j = blockIdx.y + t * k; // (k <= 16: st_cluster_fits)
     const int64_t r = (int64_t)blockIdx.x * ROWS + j;
     const bool mine = j < ROWS && r < p.rows;
@@ -2173,13 +2169,11 @@ __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, cons
         s_ok[t - 32] = ok;
         s_cw[t - 32] = ok ? p.wts[t - 32] : 0.0f;
     }
-    if (p.stores) {
-        if (p.counted && t == 0) st_mbar_expect(bar, 4u * k * ((ROWS - blockIdx.y + k - 1) / k));
-        st_cluster_wait(); // every block of the cluster has started (its arrival in moe2_body)
-        __syncthreads();   // this block's s_o (and s_ok, s_cw)
-        if (t < ROWS && p.counted) st_store_counted(s_in + blockIdx.y * ROWS + t, bar, (unsigned)(t % k), s_o[t]);
-        else if (t < ROWS) *st_cluster_peer(s_in + blockIdx.y * ROWS + t, (unsigned)(t % k)) = s_o[t];
-    }
+    if (p.counted && t == 0) st_mbar_expect(bar, 4u * k * ((ROWS - blockIdx.y + k - 1) / k));
+    st_cluster_wait(); // every block of the cluster has started (its arrival in moe2_body)
+    __syncthreads();   // this block's s_o (and s_ok, s_cw)
+    if (t < ROWS && p.counted) st_store_counted(s_in + blockIdx.y * ROWS + t, bar, (unsigned)(t % k), s_o[t]);
+    else if (t < ROWS) *st_cluster_peer(s_in + blockIdx.y * ROWS + t, (unsigned)(t % k)) = s_o[t];
     if (p.counted) {
         // Every slot's rows of this block; thread 0 waits too, so that a block whose rows are all
         // past the matrix does not leave while the others' stores are still on their way to it.
@@ -2191,7 +2185,7 @@ __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, cons
         float v[16];
 #pragma unroll
         for (int a = 0; a < 16; a++)
-            v[a] = !(a < k && s_ok[a]) ? 0.0f : p.stores ? s_in[a * ROWS + j] : *st_cluster_peer(s_o + j, (unsigned)a);
+            v[a] = a < k && s_ok[a] ? s_in[a * ROWS + j] : 0.0f;
         float acc = 0.0f;
 #pragma unroll
         for (int a = 0; a < 16; a++)
@@ -2200,7 +2194,6 @@ __device__ __forceinline__ void moe2_cluster_combine(const st_moe2_args &p, cons
         if (p.gated_o) out += sigmoidf_(gs) * go;
         p.y[r] = out;
     }
-    if (!p.stores) st_cluster_sync(); // the others are done reading s_o
 }
 #endif
 
@@ -2219,7 +2212,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     unsigned ts;
 #if defined(ST_CLUSTERS)
     __shared__ unsigned long long s_bar; // (p.counted) the combine's stores land counted on it
-    if (!GATE && NX == 1 && p.cluster && p.stores) st_cluster_started(&s_bar, p.counted); // others may store into s_in
+    if (!GATE && NX == 1 && p.cluster) st_cluster_started(&s_bar, p.counted); // others may store into s_in
 #endif
     // The down kernel's rows of expert ex asked of L2 before the wait.
     auto ask_down = [&](int ex) {
@@ -2443,21 +2436,14 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
         q.stage = GATE && moe2_stages<T> && p.logits && p.stage;
         if (q.stage) {
             size_t s2 = moe2_tile_off(p) + (size_t)W * 2 * P1 * p.g_row_bytes;
-            cudaFuncAttributes fa;
-            int b0 = 0, b1 = 0;
-            q.stage = cudaFuncGetAttributes(&fa, (const void *)k) == cudaSuccess &&
-                      fa.sharedSizeBytes + s2 <= c->prop.sharedMemPerBlockOptin;
-            if (q.stage) st_allow_smem(c, k, s2);
-            q.stage = q.stage && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, k, 32 * W, smem) == cudaSuccess &&
-                      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b1, k, 32 * W, s2) == cudaSuccess && b1 >= b0;
-            cudaGetLastError();
+            int b1 = st_resident_blocks(c, k, 32 * W, s2);
+            q.stage = b1 > 0 && b1 >= st_resident_blocks(c, k, 32 * W, smem);
             if (q.stage) smem = s2;
         }
         q.bulk = q.stage && c->prop.major >= 9 && !env_is_0("STRATA_MOE_BULK");
         // The down kernel's combine in clusters of the k slots where they fit.
         if (!GATE && p.y) q.cluster = !env_is_0("STRATA_MOE_CLUSTER") && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
-        q.stores = q.cluster && !env_is_0("STRATA_MOE_STORES");
-        q.counted = q.stores && !env_is_0("STRATA_MOE_COUNTED");
+        q.counted = q.cluster && !env_is_0("STRATA_MOE_COUNTED");
         if (q.cluster) st_launch_cluster(c, p.na, k, grid, 32 * W, smem, q);
         else st_launch(c, k, grid, 32 * W, smem, q);
         ST_CU_LAUNCHED(c, "moe2_kernel");
