@@ -10,7 +10,7 @@
 #     e.g. tests/gpu/shapes.sh -r 5 -k 'test_moe_fold' -t base=X=1 "old=STRATA_MOE_STAGE=0"
 #   -k: test_cuda_quant's tests matching PATTERN (STRATA_TEST_ONLY) under each variant, first
 #       (test_m* alone took ~55 s a variant on the H100: name the tests a change touches)
-#   -t: a trace of each variant on each shape (the per-kernel table's MoE and attention rows)
+#   -t: a trace of each variant on each shape (the per-kernel table's rows of the layer's ops)
 # Binaries from $STRATA_GPU_BUILD (default gpu-pack: tests/gpu/pack.sh), models in
 # $STRATA_MODELS (default /tmp/m), logs in $OUT/shapes (default /tmp/strata-shapes).
 set -uo pipefail
@@ -119,7 +119,7 @@ for p in "${presets[@]}"; do
       env "${envs[@]}" STRATA_CUDA_TRACE=1 timeout 120 "$B/strata" bench -m "$f" --gpu 0 --prompt 0 --decode 64 \
         >"$log" 2>&1
       echo "== trace $p ($name)"
-      grep -E "replays, |^moe|^attention" "$log" | cut -c1-220 | head -5
+      grep -A12 "replays, " "$log" | cut -c1-230
     done
   fi
 done

@@ -143,7 +143,7 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
                         // the step kernel spreads a head over eight blocks
 
 template <bool CONV>
-__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a) {
+__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a, int hold) {
     constexpr int D = DN_D, EPL = D / 32, R = DN_ROWS, KW = DN_MAX_K;
     __shared__ float s_q[D], s_k[D], s_v[D], s_o[D], s_gate[2];
     __shared__ float s_w[CONV ? 3 * D * KW : 1], s_win[CONV ? 3 * D * (KW - 1) : 1]; // a thread's channel's taps, rows
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
         for (int e = 0; e < EPL; e++) s[rr][e] = S[(size_t)(v0 + rr) * D + e * 32 + lane];
-    st_pdl_begin();
+    st_pdl_begin(hold == 0); // (hold: st_pdl_hold("dn"))
     for (int t = 0; t < a.n; t++) {
         const float *u = a.u + (size_t)t * cd;
         if (CONV) { // conv_window_kernel's arithmetic: the K-1 rows before, then this one
@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
         }
         __syncthreads(); // the shared rows are rewritten for the next row
     }
+    if (hold == 1) st_pdl_launch();
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
@@ -263,20 +264,20 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
         st_deltanet_ops(b, a);
         return;
     }
-    int r = a->h_v / a->h_k;
+    int r = a->h_v / a->h_k, hold = st_pdl_hold("dn");
     dim3 grid((unsigned)a->h_k, (unsigned)r);
     // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
     // the r heads of a key head.
     bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&
                    (r == 1 || st_cluster_fits(c, deltanet_head_kernel<true>, r, grid, DN_WARPS * 32, 0));
     if (conv_in) {
-        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
-        else st_launch_cluster(c, r, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
+        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a, hold);
+        else st_launch_cluster(c, r, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a, hold);
     } else {
         st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
                            .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
         st_cuda_conv(b, &ca);
-        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a);
+        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a, hold);
     }
     ST_CU_LAUNCHED(c, "deltanet");
 }
