@@ -105,7 +105,6 @@ typedef struct attn_params {
     // In a cluster: the partials that land in a merging block are counted on its mbarrier, which
     // it waits on instead of the cluster's barrier (STRATA_ATTN_COUNTED=0: the barrier).
     int counted;
-    int hold; // st_pdl_hold("attn"): not 0, the next kernel's blocks launch as this kernel's end
     // The gated attention (st_attn_args.gated): q + D, so (row, head) rh's gate is at gate +
     // rh · 2 D, and whichever writes the output multiplies it by sigmoid(gate) (mul_sigmoid_kernel's
     // arithmetic, on the value out would hold). NULL: not gated. The attention kernels run their
@@ -566,7 +565,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
     // rows stored, 3 tiles done, 4 partials out, 5 counted in; in a cluster 6 its first query
     // merged, 7 all its queries stored, 10 its partials written (before the cluster's barrier); 8 the
     // first tile in shared memory, 9 its scores and weights done
-    unsigned ts = st_pdl_begin(p.hold == 0);
+    unsigned ts = st_pdl_begin();
     st_trace_probe(ts, 0, p.q);
 
     // Every read of the kernels' outputs before this one is issued at once (the warp's queries,
@@ -891,18 +890,6 @@ static bool attn_counted(void) {
     return on == 1;
 }
 
-// STRATA_ATTN_SPLITS=N (A/B): at most N context splits a (query tile, KV head) in decode
-// windows: fewer blocks, each working through more tiles, and less to merge. Read once.
-static int attn_split_cap(void) {
-    static int cap = -1;
-    if (cap < 0) {
-        const char *e = getenv("STRATA_ATTN_SPLITS");
-        cap = e ? atoi(e) : 0;
-        cap = cap > 0 ? cap : 0;
-    }
-    return cap;
-}
-
 template <int EPL, int QPW>
 static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     typedef attn_shape<EPL, QPW> S;
@@ -931,8 +918,6 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     int useful = (n_ctx + p->min_chunk - 1) / p->min_chunk;
     ns = ns < useful ? ns : useful;
     ns = ns < 256 ? ns : 256;
-    int cap = attn_split_cap();
-    ns = cap > 0 && ns > cap ? cap : ns;
     ns = ns < 1 ? 1 : ns;
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
     bool clusters = ns > 1 && p->counters && st_cluster_on();
@@ -1340,7 +1325,6 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
         return;
     }
     attn_params p = {};
-    p.hold = st_pdl_hold("attn");
     p.kc = kv->k, p.vc = kv->v, p.row_bytes = kv->row_bytes, p.kv_type = kv->type;
     p.pos_dev = a->pos_dev, p.q = a->q, p.out = a->out, p.nv = nv, p.gate = a->gated ? a->q + D : NULL;
     p.n = a->n, p.H = a->n_head, p.G = a->n_head / kv->n_head_kv, p.nq = a->n * p.G, p.scale = a->scale;

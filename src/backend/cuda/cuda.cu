@@ -168,24 +168,6 @@ bool st_cluster_on(void) {
     return on == 1;
 }
 
-int st_pdl_hold(const char *kind) {
-    static char spec[256];
-    static int read = 0;
-    if (!read) {
-        const char *v = getenv("STRATA_PDL_HOLD");
-        snprintf(spec, sizeof spec, "%s", v ? v : "");
-        read = 1;
-    }
-    size_t n = strlen(kind);
-    for (const char *s = spec; *s; s++) {
-        if ((s == spec || s[-1] == ',') && !strncmp(s, kind, n) && s[n] == '=') {
-            int l = atoi(s + n + 1);
-            return l >= 0 && l <= 2 ? l : 0;
-        }
-    }
-    return 0;
-}
-
 int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max) {
     static struct {
         int device, cluster_y, max;

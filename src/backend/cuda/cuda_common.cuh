@@ -138,9 +138,7 @@ static __shared__ unsigned long long st_blk_release;
 // order: kernel i + 1 becomes resident only after every block of kernel i has passed its wait.
 // Returns the slot to block 0 (or the one STRATA_CUDA_TRACE_MARK_BLOCK names) while tracing
 // (else ~0u), for st_trace_mark.
-// launch false (STRATA_PDL_HOLD): the next kernel's blocks stay unlaunched until this kernel
-// calls st_pdl_launch, or its blocks end.
-__device__ __forceinline__ unsigned st_pdl_begin(bool launch = true) {
+__device__ __forceinline__ unsigned st_pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const bool first = (threadIdx.x | threadIdx.y | threadIdx.z) == 0 &&
                        blockIdx.x == min(st_trace.mark_at[0], gridDim.x - 1) &&
@@ -153,7 +151,7 @@ __device__ __forceinline__ unsigned st_pdl_begin(bool launch = true) {
         slot = atomicAdd(st_trace.seq, 1u);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (launch) asm volatile("griddepcontrol.launch_dependents;" :::);
+    asm volatile("griddepcontrol.launch_dependents;" :::);
     if (st_trace.blk && threadIdx.x == 0) st_blk_release = st_globaltimer();
     if (slot < st_trace.cap) {
         st_trace.rec[2 * slot] = resident;
@@ -164,24 +162,6 @@ __device__ __forceinline__ unsigned st_pdl_begin(bool launch = true) {
     return ~0u;
 #endif
 }
-
-// Lets the next kernel's blocks launch once every block of this one has called it (or ended):
-// for kernels whose st_pdl_begin held them back.
-__device__ __forceinline__ void st_pdl_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
-// STRATA_PDL_HOLD=KIND=L[,KIND=L...] (an A/B switch, read once): where the kernels of KIND let
-// the next kernel's blocks launch: 0 at their wait (the default: its blocks stage their weights
-// while this kernel runs), 1 at a later point of their own (after the products; dn after its
-// outputs, before the state's store; attn has none, as 2), 2 at their end. KIND: attn (decode
-// attention), dn (the DeltaNet mixer), gu, down (the one-row experts' kernels), mv (the
-// matrix-vector products). Whether the next kernel's early traffic (its weights staged on the
-// same multiprocessors) slows a latency-bound kernel more than its own early start gains.
-// (Attention's level 1, after its tiles, took its cluster kernels 80 -> 100 registers.)
-int st_pdl_hold(const char *kind);
 
 // STRATA_CUDA_TRACE: block 0's thread 0 notes when it reached point k (< ST_TRACE_MARKS) of its
 // kernel; slot is what st_pdl_begin returned (a no-op for other blocks and when not tracing).

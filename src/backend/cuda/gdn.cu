@@ -143,74 +143,84 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
                         // the step kernel spreads a head over eight blocks
 
 template <bool CONV>
-__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a, int hold) {
+__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a) {
     constexpr int D = DN_D, EPL = D / 32, R = DN_ROWS, KW = DN_MAX_K;
-    __shared__ float s_q[D], s_k[D], s_v[D], s_o[D], s_gate[2];
+    __shared__ float s_q[D], s_k[D], s_v[D], s_o[D]; // the head's raw (conv'd) q, k, v; its outputs
     __shared__ float s_w[CONV ? 3 * D * KW : 1], s_win[CONV ? 3 * D * (KW - 1) : 1]; // a thread's channel's taps, rows
-    const int r = a.h_v / a.h_k, hk = blockIdx.x, j = hk * r + blockIdx.y, tid = threadIdx.x;
+    const int r = a.h_v / a.h_k, hk = blockIdx.x, wi = blockIdx.y, j = hk * r + wi, tid = threadIdx.x;
     const int lane = tid & 31, w = tid >> 5, K = a.kernel;
     const int kd = a.h_k * D, vd = a.h_v * D, cd = 2 * kd + vd, v0 = w * R;
     // The head's state rows and conv state: last written by this kernel a step ago, many launches
     // back (every kernel before the one ahead of this has completed once this one runs), so before
-    // the wait. Thread c < 3 D owns channel ch: q, k of key head hk, then v of head j.
-    const bool mine = CONV && tid < 3 * D;
+    // the wait, with the weights. Thread c < 3 D owns channel ch: q, k of key head hk, then v of
+    // head j.
+    const bool mine = tid < 3 * D;
     const int ch = tid < D ? hk * D + tid : tid < 2 * D ? kd + hk * D + tid - D : 2 * kd + j * D + tid - 2 * D;
-    float *tw = mine ? s_w + tid * KW : NULL, *win = mine ? s_win + tid * (KW - 1) : NULL;
-    float *conv_out = !mine ? NULL : tid < D ? s_q + tid : tid < 2 * D ? s_k + (tid - D) : s_v + (tid - 2 * D);
-    if (mine) {
+    float *tw = CONV && mine ? s_w + tid * KW : NULL, *win = CONV && mine ? s_win + tid * (KW - 1) : NULL;
+    float *raw = !mine ? NULL : tid < D ? s_q + tid : tid < 2 * D ? s_k + (tid - D) : s_v + (tid - 2 * D);
+    if (CONV && mine) {
         for (int q = 0; q < K; q++) tw[q] = a.conv_w[(size_t)ch * K + q];
         for (int q = 0; q < K - 1; q++) win[q] = a.conv_state[(size_t)q * cd + ch];
     }
+    const float ssm_a = a.ssm_a[j], dt_bias = a.dt_bias[j];
+    float nw[EPL]; // warp 0: the gated norm's weights
+    if (w == 0)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) nw[e] = a.norm_w[e * 32 + lane];
     float *S = a.state + (size_t)j * D * D;
     float s[R][EPL];
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
         for (int e = 0; e < EPL; e++) s[rr][e] = S[(size_t)(v0 + rr) * D + e * 32 + lane];
-    st_pdl_begin(hold == 0); // (hold: st_pdl_hold("dn"))
+    // STRATA_CUDA_TRACE marks (row 0): 1 q, k, v in shared memory, 2 the step's outputs, 3 the
+    // head's outputs stored, 4 the state stored.
+    unsigned ts = st_pdl_begin();
+    st_trace_probe(ts, 0, CONV ? a.qkv : a.u);
     for (int t = 0; t < a.n; t++) {
-        const float *u = a.u + (size_t)t * cd;
-        if (CONV) { // conv_window_kernel's arithmetic: the K-1 rows before, then this one
-            if (mine) {
-                float x = a.qkv[(size_t)t * cd + ch], sum = 0;
-                for (int q = 0; q < K - 1; q++) sum += tw[q] * win[q];
-                sum += tw[K - 1] * x;
-                for (int q = 0; q + 1 < K - 1; q++) win[q] = win[q + 1];
-                if (K > 1) win[K - 2] = x;
-                *conv_out = sum / (1.0f + expf(-sum));
-            }
-            __syncthreads();
+        // Every read of the in-projection's outputs at once: this thread's channel, the head's
+        // gate inputs (every thread: each warp works out the gates itself), warp 0's z.
+        float x = 0.0f, zz[EPL];
+        if (mine) x = CONV ? a.qkv[(size_t)t * cd + ch] : a.u[(size_t)t * cd + ch];
+        const float *row = a.ba + (size_t)t * 2 * a.h_v;
+        float bj = row[hk * 2 * r + wi], aj = row[hk * 2 * r + r + wi];
+        if (w == 0)
+#pragma unroll
+            for (int e = 0; e < EPL; e++) zz[e] = a.z[(size_t)t * vd + (size_t)j * D + e * 32 + lane];
+        if (CONV && mine) { // conv_window_kernel's arithmetic: the K-1 rows before, then this one
+            float sum = 0;
+            for (int q = 0; q < K - 1; q++) sum += tw[q] * win[q];
+            sum += tw[K - 1] * x;
+            for (int q = 0; q + 1 < K - 1; q++) win[q] = win[q + 1];
+            if (K > 1) win[K - 2] = x;
+            x = sum / (1.0f + expf(-sum));
         }
-        if (w < 2) { // q (scaled by 1/sqrt(d)) and k, l2-normed as l2norm_kernel does
-            const float *x = CONV ? (w ? s_k : s_q) : u + (w ? kd : 0) + hk * D;
+        if (mine) *raw = x;
+        __syncthreads();
+        if (t == 0) st_trace_mark(ts, 1);
+        // q (scaled by 1/sqrt(d)) and k, l2-normed as l2norm_kernel does, and the gates as
+        // gdn_gates_kernel works them out: each warp alike, so no barrier hands them over.
+        float ck[EPL], cq[EPL];
+#pragma unroll
+        for (int qk = 0; qk < 2; qk++) {
+            const float *src = qk ? s_k : s_q;
             float v[EPL], ss = 0;
 #pragma unroll
-            for (int e = 0; e < EPL; e++) v[e] = x[e * 32 + lane];
+            for (int e = 0; e < EPL; e++) v[e] = src[e * 32 + lane];
 #pragma unroll
             for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
             float norm = sqrtf(warp_sum(ss));
-            float sc = (w ? 1.0f : 1.0f / sqrtf((float)D)) / (norm > a.eps ? norm : a.eps);
-            float *dst = w ? s_k : s_q;
+            float sc = (qk ? 1.0f : 1.0f / sqrtf((float)D)) / (norm > a.eps ? norm : a.eps);
 #pragma unroll
-            for (int e = 0; e < EPL; e++) dst[e * 32 + lane] = v[e] * sc;
-        } else if (w == 2 && !CONV) {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) s_v[e * 32 + lane] = u[2 * kd + (size_t)j * D + e * 32 + lane];
-        } else if (w == 3 && lane == 0) { // gdn_gates_kernel's arithmetic
-            const float *row = a.ba + (size_t)t * 2 * a.h_v;
-            int wi = j % r;
-            float bj = row[hk * 2 * r + wi], aj = row[hk * 2 * r + r + wi];
-            s_gate[0] = sigmoidf_(bj);
-            s_gate[1] = a.ssm_a[j] * softplusf_(aj + a.dt_bias[j]);
+            for (int e = 0; e < EPL; e++) (qk ? ck : cq)[e] = v[e] * sc;
         }
-        __syncthreads();
+        float beta = sigmoidf_(bj), g = ssm_a * softplusf_(aj + dt_bias);
         // The step (gdn_step_kernel's).
-        float ck[EPL], cq[EPL], cv = lane < R ? s_v[v0 + lane] : 0.0f;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) ck[e] = s_k[e * 32 + lane], cq[e] = s_q[e * 32 + lane];
-        float o = gdn_rows<EPL, R>(s, ck, cq, cv, s_gate[0], expf(s_gate[1]));
+        float cv = lane < R ? s_v[v0 + lane] : 0.0f;
+        float o = gdn_rows<EPL, R>(s, ck, cq, cv, beta, expf(g));
         if (lane < R) s_o[v0 + lane] = o;
-        __syncthreads();
+        __syncthreads(); // (the next row's writes of s_q, s_k, s_v come after every warp's reads)
+        if (t == 0) st_trace_mark(ts, 2);
         if (w == 0) { // the gated norm: rmsnorm_warp_kernel's arithmetic with the gate
             float v[EPL], ss = 0;
 #pragma unroll
@@ -219,23 +229,23 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
             for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
             ss = warp_sum(ss);
             float sc = 1.0f / sqrtf(ss / D + a.eps);
-            const float *z = a.z + (size_t)t * vd + (size_t)j * D;
             float *out = a.out + (size_t)t * vd + (size_t)j * D;
 #pragma unroll
             for (int e = 0; e < EPL; e++) {
-                int i = e * 32 + lane;
-                float y = v[e] * sc * a.norm_w[i];
-                y *= z[i] / (1.0f + expf(-z[i]));
-                out[i] = y;
+                float y = v[e] * sc * nw[e];
+                y *= zz[e] / (1.0f + expf(-zz[e]));
+                out[e * 32 + lane] = y;
             }
+            if (t == 0) st_trace_mark(ts, 3);
         }
-        __syncthreads(); // the shared rows are rewritten for the next row
+        // (s_o is rewritten by the next row only after its first barrier, which warp 0 reaches
+        // after its reads.)
     }
-    if (hold == 1) st_pdl_launch();
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
         for (int e = 0; e < EPL; e++) S[(size_t)(v0 + rr) * D + e * 32 + lane] = s[rr][e];
+    st_trace_mark(ts, 4);
     if (CONV) { // the new conv state: the last K-1 raw rows
 #if defined(ST_CLUSTERS)
         if (r > 1) st_cluster_sync(); // every block of the key head has read its q / k rows
@@ -243,6 +253,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
         if (mine && (tid >= 2 * D || blockIdx.y == 0))
             for (int q = 0; q < K - 1; q++) a.conv_state[(size_t)q * cd + ch] = win[q];
     }
+    st_trace_end();
 }
 
 // Decode windows of the DeltaNet mixer run deltanet_head_kernel (H200, 2026-12-01: 18.8 -> 8.5 us
@@ -264,20 +275,20 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
         st_deltanet_ops(b, a);
         return;
     }
-    int r = a->h_v / a->h_k, hold = st_pdl_hold("dn");
+    int r = a->h_v / a->h_k;
     dim3 grid((unsigned)a->h_k, (unsigned)r);
     // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
     // the r heads of a key head.
     bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&
                    (r == 1 || st_cluster_fits(c, deltanet_head_kernel<true>, r, grid, DN_WARPS * 32, 0));
     if (conv_in) {
-        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a, hold);
-        else st_launch_cluster(c, r, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a, hold);
+        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
+        else st_launch_cluster(c, r, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
     } else {
         st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
                            .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
         st_cuda_conv(b, &ca);
-        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a, hold);
+        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a);
     }
     ST_CU_LAUNCHED(c, "deltanet");
 }

@@ -662,16 +662,6 @@ __device__ __forceinline__ void quant_split(const float *x, int64_t ldx, const i
     }
 }
 
-// Copies into xs (shared memory, cols floats) the values of one row x that thread tid reads in
-// quant_split over nthreads threads (the same chunks and offsets), so that after its own
-// st_cp_wait it may quantize from xs with no barrier.
-__device__ __forceinline__ void quant_split_stage(const float *x, int cols, float *xs, int tid, int nthreads) {
-    int l4 = tid & 3, stride = nthreads >> 2;
-    for (int g = tid >> 2; g < cols / 32; g += stride)
-#pragma unroll
-        for (int h = 0; h < 2; h++) st_cp_async16(xs + g * 32 + 4 * l4 + 16 * h, x + g * 32 + 4 * l4 + 16 * h, true);
-}
-
 __global__ void quant_split_kernel(const float *x, int nx, int cols, int8_t *q, float2 *ds) {
     st_pdl_begin();
     // One block per x row.
@@ -729,11 +719,6 @@ struct st_mv2_args {
     // With norm.x (fused only): x (+ norm.y) scaled by the rows' norms and norm.w, quantized.
     st_norm_in norm;
     bool regs; // one row, normed and quantized from registers (norm_quant_regs)
-    // Staged, sm_90: one thread asks the copy engine for the block's rows (cp.async.bulk, counted
-    // on an mbarrier) instead of every thread issuing 16-byte copies, so x's loads after the wait
-    // do not queue behind the rows' in the block's load path (STRATA_MV_BULK=1, A/B).
-    bool bulk;
-    int hold;  // st_pdl_hold("mv"): 1 lets the next kernel launch after the products, 2 at the end
 };
 
 template <int T, int NX, int R>
@@ -755,22 +740,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     const size_t bytes = (size_t)nb * row_bytes;
     const bool staged = p.stage && ((uintptr_t)src & 15) == 0 && bytes % 16 == 0;
     uint8_t *tile = mv_smem + p.xbytes;
-#if defined(ST_CLUSTERS)
-    __shared__ unsigned long long s_wbar;
-    const bool bulk = staged && p.bulk;
-#else
-    const bool bulk = false;
-#endif
-    if (bulk) {
-#if defined(ST_CLUSTERS)
-        if (threadIdx.x == 0) {
-            st_mbar_init(&s_wbar, 1);
-            st_mbar_init_fence();
-            st_mbar_expect(&s_wbar, (unsigned)bytes);
-            st_bulk_copy(tile, src, (unsigned)bytes, &s_wbar, st_l2_evict_first());
-        }
-#endif
-    } else if (staged) {
+    if (staged) {
         if (cuq_l2_hint) {
             unsigned long long pol = st_l2_evict_first();
             for (size_t o = threadIdx.x * (size_t)16; o < bytes; o += blockDim.x * (size_t)16) st_cp_async16_pol(tile + o, src + o, pol);
@@ -792,7 +762,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     }
     // STRATA_CUDA_TRACE marks: 0 a first read of x arrived, 7 (regs) the sum of squares, 1 norm
     // scales, 2 x quantized, 3 weights landed, 4 input ready (barrier), 5 products done, 6 stored
-    unsigned ts = st_pdl_begin(p.hold == 0);
+    unsigned ts = st_pdl_begin();
     const int8_t *xq = p.xq;
     const float2 *xds = p.xds;
     st_trace_probe(ts, 0, p.fused ? p.norm.x ? p.norm.x : p.x : (const float *)p.xds);
@@ -814,12 +784,9 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
         xds = sds;
     }
     st_trace_mark(ts, 2);
-    if (staged && !bulk) st_cp_wait<0>(); // this thread's copies have landed
+    if (staged) st_cp_wait<0>(); // this thread's copies have landed
     st_trace_mark(ts, 3);
     if (p.fused || staged) __syncthreads();
-#if defined(ST_CLUSTERS)
-    if (bulk) st_mbar_wait(&s_wbar, 0); // (after the barrier: thread 0's set-up is seen)
-#endif
     st_trace_mark(ts, 4);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t r0 = blk * ROWS + warp * R;
@@ -852,7 +819,6 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
         }
     }
     st_trace_mark(ts, 5);
-    if (p.hold == 1) st_pdl_launch();
     float *y = m.y;
 #pragma unroll
     for (int i = 0; i < R; i++)
@@ -884,7 +850,7 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
     if (nm && (n > ST_MV_FUSED_MAX || (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32) > ST_MV_SMEM_MAX))
         return false;
     st_mv2_args p = {};
-    p.nm = nw, p.cols = (int)cols, p.nx = n, p.x = x, p.hold = st_pdl_hold("mv");
+    p.nm = nw, p.cols = (int)cols, p.nx = n, p.x = x;
     size_t xbytes = (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32);
     size_t smem = 0;
     if (xq) {
@@ -905,7 +871,6 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
         ST_CU_LAUNCHED(c, "quant_split_kernel");
     }
     p.xbytes = (int)smem;
-    p.bulk = c->prop.major >= 9 && env_on("STRATA_MV_BULK");
     // The blocks (each matrix's first) and shared memory at R rows a warp. Staged where a
     // block's rows fit in ST_MV_TILE_MAX bytes (ST_MV_TILE_WIDE at more rows a warp; sm_80 and
     // newer).
@@ -1821,13 +1786,6 @@ struct st_moe2_args {
     // warp's mbarrier of that group) so the warps go on at once to quantize x; else the warps'
     // lanes copy them (cp.async) and stall until most have landed (STRATA_MOE_BULK=0).
     bool bulk;
-    // With bulk: x is copied into shared memory (after the staged rows) with the logits' loads,
-    // and quantized from there once the rows are asked for, so its reads do not queue behind
-    // the rows' burst (STRATA_MOE_XSTAGE=1, A/B).
-    bool xs;
-    // st_pdl_hold("gu") / ("down"): 1 lets the next kernel's blocks launch after this block's
-    // products, 2 at its end (A/B; one row only).
-    int hold;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1979,13 +1937,6 @@ __host__ __device__ __forceinline__ size_t moe2_tile_off(const st_moe2_args &p) 
 template <int T, int P, int W>
 __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs,
                                unsigned ts) {
-    const float *x = p.x;
-    if (moe2_stages<T> && p.xs) { // (its first read after the wait, with the logits')
-        float *xs = (float *)(moe2_smem + moe2_tile_off(p) + (size_t)W * 2 * P * p.g_row_bytes);
-        quant_split_stage(p.x, p.cols, xs, threadIdx.x, blockDim.x);
-        st_cp_commit();
-        x = xs;
-    }
     route_load(p.logits, p.n_route, rs);
     if (!p.rank_first)
         quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
@@ -2029,8 +1980,7 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
         } else if (ex >= 0) {
             moe2_ask_rows<T, 1, true, P, W>(p, ex, 1);
         }
-        if (moe2_stages<T> && p.xs) st_cp_wait<0>(); // (the rows came by the copy engine: only x's group)
-        quant_split(x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+        quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
                     (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
     }
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
@@ -2274,7 +2224,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     if (!GATE && NX == 1 && p.early) {
         e = moe2_expert_early(p, rs);
         ask_down(e);
-        ts = st_pdl_begin(p.hold == 0);
+        ts = st_pdl_begin();
         st_trace_probe(ts, 0, p.x + (size_t)blockIdx.y * p.cols);
         if (threadIdx.x == 0) s_asg[0] = blockIdx.y;
         if (!p.hq)
@@ -2285,7 +2235,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
         m = e >= 0;
     } else {
         if (!GATE && NX == 1 && p.hint) ask_down(moe2_expert_hint(p));
-        ts = st_pdl_begin(NX != 1 || p.hold == 0); // (windows: no hold, their registers as they were)
+        ts = st_pdl_begin();
         st_trace_probe(ts, 0, routes ? p.logits : p.x);
         if (GATE && !routes && p.counts && blockIdx.x == 0 && blockIdx.y == 0)
             for (int a = threadIdx.x; a < p.na; a += blockDim.x) {
@@ -2306,7 +2256,6 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     float *sh = HQ && p.hq ? s_h : CL && p.cluster ? s_h : NULL;
     if (m > 0) moe2_rows<T, NX, GATE, P, W, HW>(p, e, m, s_asg, moe2_smem, NX == 1, ts, sh);
     st_trace_mark(ts, 6);
-    if (NX == 1 && p.hold == 1) st_pdl_launch();
     if (HQ && p.hq && m > 0) {
         __syncthreads();
         if (threadIdx.x < 32) {
@@ -2492,11 +2441,6 @@ template <int T, bool GATE> static void moe2_launch(st_cuda *c, const st_moe2_ar
             if (q.stage) smem = s2;
         }
         q.bulk = q.stage && c->prop.major >= 9 && !env_is_0("STRATA_MOE_BULK");
-        if (q.bulk && env_on("STRATA_MOE_XSTAGE")) {
-            size_t s3 = smem + sizeof(float) * (size_t)p.cols;
-            q.xs = st_resident_blocks(c, k, 32 * W, s3) >= st_resident_blocks(c, k, 32 * W, smem);
-            if (q.xs) smem = s3;
-        }
         // The down kernel's combine in clusters of the k slots where they fit.
         if (!GATE && p.y) q.cluster = !env_is_0("STRATA_MOE_CLUSTER") && st_cluster_fits(c, k, p.na, grid, 32 * W, smem);
         q.counted = q.cluster && !env_is_0("STRATA_MOE_COUNTED");
@@ -2571,7 +2515,6 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
         p.route_w = (float *)a->weights;
     }
     p.rank_pairs = !env_is_0("STRATA_RANK_PAIRS");
-    p.hold = st_pdl_hold("gu");
     p.rank_first = !env_is_0("STRATA_MOE_RANK_FIRST");
     p.stage_all = env_on("STRATA_MOE_STAGE_ALL");
     p.stage = p.rank_first && !env_is_0("STRATA_MOE_STAGE") && gate->row_bytes == up->row_bytes &&
@@ -2604,7 +2547,6 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     st_cuda_join_shared(c); // (the down kernel's combine adds the shared expert's output)
     st_moe2_args q = p;
     q.counts = NULL;
-    q.hold = st_pdl_hold("down");
     // One row: the down kernel's blocks take their expert before they wait, where that is
     // cheap: the ids, or ranking at most ST_MOE2_EARLY_RANK logits. (H200, whole card: the
     // 30B-A3B shape's 128 logits +0.9-1.1% decode; the Next-80B-A3B's 512 -3.4%, its down
