@@ -1285,6 +1285,22 @@ static bool attn_wo_floats(void) {
     return floats == 1;
 }
 
+// ns over which the decode output projection's blocks spread their weights' staged copies. They
+// launch early and stage beside attention; all at once, that 8.9 MB burst (30B-A3B) slowed
+// attention's blocks by ~3 us (they end 3.2 us sooner when the projection launches after them,
+// though that loses more than it saves). Spread over 4 us: attention's blocks end 1.3 us sooner,
+// 30B-A3B decode +1.9% on an H100, Next +0.4% (bench/results/2026-12-05-prepared-measured.md).
+// STRATA_O_SPREAD_NS=N for A/B runs (0: all at once); read once.
+static unsigned attn_o_spread(void) {
+    static int ns = -1;
+    if (ns < 0) {
+        const char *e = getenv("STRATA_O_SPREAD_NS");
+        ns = e ? atoi(e) : 4000;
+        ns = ns < 0 ? 0 : ns > 100000 ? 100000 : ns;
+    }
+    return (unsigned)ns;
+}
+
 // The device address of attn_counters (per device; looked up on the first, eager, call of a
 // window, so never while recording).
 static unsigned *attn_counters_of(st_cuda *c) {
@@ -1391,7 +1407,7 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     }
     if (!wo) return;
     bool q8 = p.oq && (p.ns == 1 || p.counters); // (else the combine kernel wrote out, as floats)
-    if (q8 && st_cuda_matmul_q8(b, wo, p.oq, p.ods, a->n, a->y)) return;
+    if (q8 && st_cuda_matmul_q8(b, wo, p.oq, p.ods, a->n, a->y, a->n == 1 ? attn_o_spread() : 0)) return;
     st_cuda_matmul(b, wo, a->out, a->n, a->y);
 }
 

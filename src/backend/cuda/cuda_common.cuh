@@ -825,8 +825,10 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
 void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y);
 // y = w · x for x given quantized (n <= ST_CUDA_GRAPH_ROWS rows of w->cols in quant_split's
 // layout: int8 values, then {scale, sum} per 32): false where this does not apply (float
-// weights), and the caller multiplies the floats instead.
-bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y);
+// weights), and the caller multiplies the floats instead. The blocks spread their weights'
+// staged copies over spread_ns (0: all at once).
+bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y,
+                       unsigned spread_ns);
 void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
                          float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out);
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);

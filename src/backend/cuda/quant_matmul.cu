@@ -719,6 +719,9 @@ struct st_mv2_args {
     // With norm.x (fused only): x (+ norm.y) scaled by the rows' norms and norm.w, quantized.
     st_norm_in norm;
     bool regs; // one row, normed and quantized from registers (norm_quant_regs)
+    // ns over which the blocks spread their staged copies (block b waits b / blocks of it): the
+    // decode output projection's, whose blocks stage beside attention (attention.cu).
+    unsigned spread;
 };
 
 template <int T, int NX, int R>
@@ -740,6 +743,7 @@ __global__ void __launch_bounds__(32 * ST_MV_WARPS) mmv2_kernel(st_mv2_args p) {
     const size_t bytes = (size_t)nb * row_bytes;
     const bool staged = p.stage && ((uintptr_t)src & 15) == 0 && bytes % 16 == 0;
     uint8_t *tile = mv_smem + p.xbytes;
+    if (p.spread) __nanosleep((unsigned)((unsigned long long)p.spread * blockIdx.x / gridDim.x));
     if (staged) {
         if (cuq_l2_hint) {
             unsigned long long pol = st_l2_evict_first();
@@ -844,7 +848,8 @@ static bool mv_wide_off(void) {
 // With xq (and xds), x arrives quantized already (quant_split's layout) and x is not read.
 template <int T>
 static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float *x, int n, float *const *y,
-                        const st_norm_in *nm = NULL, const int8_t *xq = NULL, const float2 *xds = NULL) {
+                        const st_norm_in *nm = NULL, const int8_t *xq = NULL, const float2 *xds = NULL,
+                        unsigned spread = 0) {
     int64_t cols = w[0]->cols;
     if (((uintptr_t)x & 15) || cols % 32 || nw > ST_MATMUL_MANY) return false;
     if (nm && (n > ST_MV_FUSED_MAX || (size_t)n * cols + sizeof(float2) * (size_t)n * (cols / 32) > ST_MV_SMEM_MAX))
@@ -871,6 +876,7 @@ static bool mmv2_launch(st_cuda *c, int nw, const st_mat *const *w, const float 
         ST_CU_LAUNCHED(c, "quant_split_kernel");
     }
     p.xbytes = (int)smem;
+    p.spread = spread;
     // The blocks (each matrix's first) and shared memory at R rows a warp. Staged where a
     // block's rows fit in ST_MV_TILE_MAX bytes (ST_MV_TILE_WIDE at more rows a warp; sm_80 and
     // newer).
@@ -1335,14 +1341,15 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
     }
 }
 
-bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y) {
+bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y,
+                       unsigned spread_ns) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || c->err) return true;
     if (n > ST_CUDA_GRAPH_ROWS || is_float_type(w->type) || w->cols % 32 || env_on("STRATA_CUQ_OLD")) return false;
     if (!check_mat(c, "matmul", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return true;
     bool done = false;
     switch (w->type) {
-#define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, NULL, n, &y, NULL, xq, xds); break;
+#define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, NULL, n, &y, NULL, xq, xds, spread_ns); break;
         ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
     default: break;
