@@ -719,8 +719,9 @@ struct st_mv2_args {
     // With norm.x (fused only): x (+ norm.y) scaled by the rows' norms and norm.w, quantized.
     st_norm_in norm;
     bool regs; // one row, normed and quantized from registers (norm_quant_regs)
-    // ns over which the blocks spread their staged copies (block b waits b / blocks of it): the
-    // decode output projection's, whose blocks stage beside attention (attention.cu).
+    // ns over which the blocks spread their staged copies (block b waits b / blocks of it): for
+    // one-row products whose blocks stage beside a latency-bound kernel (the decode output
+    // projection beside attention, attention.cu; the A/B spreads of norm_matmul and after DeltaNet).
     unsigned spread;
 };
 
