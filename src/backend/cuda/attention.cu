@@ -1292,8 +1292,12 @@ static bool attn_wo_floats(void) {
 // 30B-A3B decode +1.9% on an H100, Next +0.4% (bench/results/2026-12-05-prepared-measured.md).
 // STRATA_O_SPREAD_NS=N for A/B runs (0: all at once); read once.
 static unsigned attn_o_spread(void) {
-    static long ns = -1;
-    if (ns < 0) ns = st_env_ns("STRATA_O_SPREAD_NS", 4000);
+    static int ns = -1;
+    if (ns < 0) {
+        const char *e = getenv("STRATA_O_SPREAD_NS");
+        ns = e ? atoi(e) : 4000;
+        ns = ns < 0 ? 0 : ns > 100000 ? 100000 : ns;
+    }
     return (unsigned)ns;
 }
 

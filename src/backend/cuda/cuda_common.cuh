@@ -32,8 +32,6 @@ typedef struct st_cuda {
     st_backend base;             // first: an st_backend * is an st_cuda *
     int device;
     cudaDeviceProp prop;
-    unsigned spread_next;        // ns the next one-row st_cuda_matmul spreads its staging over (set by
-                                 // the DeltaNet mixer: STRATA_DN_SPREAD_NS, A/B)
     cudaStream_t stream;         // every op runs on it, in order
     cublasHandle_t cublas;       // bound to stream
     size_t reserve;              // VRAM left free for the driver and other programs
@@ -595,14 +593,6 @@ template <typename... P> static inline void st_allow_smem(st_cuda *c, void (*k)(
 static inline bool st_env_is(const char *name, const char *value) {
     const char *v = getenv(name);
     return v && !strcmp(v, value);
-}
-
-// A spread in ns from environment variable name (the staging spreads: st_mv2_args.spread), def
-// where unset, clamped to 0..100000.
-static inline unsigned st_env_ns(const char *name, unsigned def) {
-    const char *v = getenv(name);
-    long ns = v ? strtol(v, NULL, 10) : (long)def;
-    return (unsigned)(ns < 0 ? 0 : ns > 100000 ? 100000 : ns);
 }
 
 // Launches kernel k on c->stream (with programmatic dependent launch when c->pdl); a failed

@@ -277,12 +277,6 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
     }
     int r = a->h_v / a->h_k;
     dim3 grid((unsigned)a->h_k, (unsigned)r);
-    // STRATA_DN_SPREAD_NS=N (A/B, default 0): the product after the mixer (its out projection)
-    // spreads its staged weights over N ns, as the decode output projection does beside
-    // attention (attention.cu).
-    static long spread = -1;
-    if (spread < 0) spread = st_env_ns("STRATA_DN_SPREAD_NS", 0);
-    c->spread_next = a->n == 1 ? (unsigned)spread : 0;
     // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
     // the r heads of a key head.
     bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&

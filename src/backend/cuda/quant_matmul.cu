@@ -719,9 +719,8 @@ struct st_mv2_args {
     // With norm.x (fused only): x (+ norm.y) scaled by the rows' norms and norm.w, quantized.
     st_norm_in norm;
     bool regs; // one row, normed and quantized from registers (norm_quant_regs)
-    // ns over which the blocks spread their staged copies (block b waits b / blocks of it): for
-    // one-row products whose blocks stage beside a latency-bound kernel (the decode output
-    // projection beside attention, attention.cu; the A/B spreads of norm_matmul and after DeltaNet).
+    // ns over which the blocks spread their staged copies (block b waits b / blocks of it): the
+    // decode output projection's, whose blocks stage beside attention (attention.cu).
     unsigned spread;
 };
 
@@ -1308,8 +1307,6 @@ strided:
 
 void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y) {
     st_cuda *c = st_cuda_of(b);
-    unsigned spread = c->spread_next; // (set by the op before: it applies to this launch only)
-    c->spread_next = 0;
     if (n <= 0 || c->err) return;
     if (!check_mat(c, "matmul", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return;
     if (n >= ST_CUQ_GEMM_FROM) {
@@ -1323,7 +1320,7 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
     if (!is_float_type(w->type) && !env_on("STRATA_CUQ_OLD")) {
         bool done = false;
         switch (w->type) {
-#define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, x, n, &y, NULL, NULL, NULL, n == 1 ? spread : 0); break;
+#define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, x, n, &y); break;
             ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
         default: break;
@@ -1398,16 +1395,6 @@ void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const fl
 // the norm's launch and its wait in the decode step's chain; the other products read xn. Rows
 // wider than a 128-thread norm takes (st_rms_threads), other shapes and prompt chunks run the
 // norm kernel, then the products. STRATA_NORM_UNFUSED=1 always does (A/B runs).
-// STRATA_NM_SPREAD_NS=N (A/B, default 0): the one-row fused products spread their staged weights
-// over N ns, as the decode output projection does beside attention (attention.cu): the q/k/v
-// product's blocks stage beside the down kernel's combine, DeltaNet's in-projection's beside it
-// too. Read once.
-static unsigned nm_spread(void) {
-    static long ns = -1;
-    if (ns < 0) ns = st_env_ns("STRATA_NM_SPREAD_NS", 0);
-    return (unsigned)ns;
-}
-
 void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
                          float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out) {
     st_cuda *c = st_cuda_of(b);
@@ -1430,7 +1417,7 @@ void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *x
         for (int k = 1; k < g; k++)
             if (!check_mat(c, "matmul", gw[k]->type, gw[k]->cols, gw[k]->rows, gw[k]->data, gw[k]->row_bytes)) return;
         switch (w[0]->type) {
-#define CASE(T) case T: fused = mmv2_launch<T>(c, g, gw, x, n, gy, &nm, NULL, NULL, n == 1 ? nm_spread() : 0); break;
+#define CASE(T) case T: fused = mmv2_launch<T>(c, g, gw, x, n, gy, &nm); break;
             ST_CUQ_QUANT_TYPES(CASE)
 #undef CASE
         default: break;
