@@ -12,29 +12,23 @@
 #include "bench_graph.cuh"
 #include <vector>
 
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-
 // times[blockIdx.x * 3 + {0, 1, 2}]: loaded, ranked, done (ns after the block's start). Block b
 // ranks row b % rows of logits; block 0 writes row 0's ids.
 __global__ void __launch_bounds__(256) rank_kernel(const float *logits, int rows, int E, int k, bool pairs, int32_t *ids,
                                                    float *w, unsigned long long *times) {
     __shared__ st_route_smem rs;
-    unsigned long long t0 = now_ns();
+    unsigned long long t0 = st_globaltimer();
     route_load(logits + (size_t)(blockIdx.x % rows) * E, E, rs);
     __syncthreads();
-    unsigned long long t1 = now_ns();
+    unsigned long long t1 = st_globaltimer();
     route_rank(E, k, rs, pairs);
-    unsigned long long t2 = now_ns();
+    unsigned long long t2 = st_globaltimer();
     if (blockIdx.x == 0) route_weights(E, k, rs, ids, w, NULL);
     __syncthreads();
     if (threadIdx.x == 0) {
         times[3 * blockIdx.x + 0] = t1 - t0;
         times[3 * blockIdx.x + 1] = t2 - t1;
-        times[3 * blockIdx.x + 2] = now_ns() - t0;
+        times[3 * blockIdx.x + 2] = st_globaltimer() - t0;
     }
 }
 
