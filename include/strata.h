@@ -35,7 +35,8 @@ typedef struct strata_model_params {
                                 // is in use before Strata starts (CUDA context, other programs)
                                 // and the reserve count against it; 0 = the whole card
     int n_ctx;                  // context the GPU memory is planned for; 0 = the model's, at most 8192
-    int n_batch;                // prompt chunk rows planned for; 0 = 512
+    int n_batch;                // prompt chunk rows planned for; 0 = the default: 2048 on a GPU
+                                // that holds the whole model with room for them, else 512
     int n_seq;                  // sessions open at once planned for (server slots); 0 = 1
     double resident_gib;        // page-locked copies of the experts the GPU lacks, hottest layers
                                 // first: 0 = none (read from the mapping), < 0 = all of them
@@ -62,6 +63,7 @@ typedef struct strata_model_info {
     int gpu;                    // the GPU's index, -1 on the CPU
     uint64_t file_bytes;        // the GGUF's size (all shards)
     uint64_t decode_bytes;      // weight bytes one decoded token reads (dense + k experts a layer + head)
+    int n_batch;                // the prompt chunk a session gets when it asks for none
 } strata_model_info;
 
 strata_status strata_model_open(const strata_model_params *p, strata_model **out);
@@ -81,7 +83,7 @@ typedef enum strata_kv_type { STRATA_KV_F16, STRATA_KV_Q8_0 } strata_kv_type;
 
 typedef struct strata_session_params {
     int n_ctx;          // 0: the model's context, capped by available memory
-    int n_batch;        // rows per forward call (prompt chunk); 0 = 512
+    int n_batch;        // rows per forward call (prompt chunk); 0 = the model's (strata_model_info.n_batch)
     strata_kv_type kv_type;
     bool count_experts; // count routing on the GPU too (strata profile); costs a little per layer
 } strata_session_params;
@@ -218,7 +220,7 @@ typedef struct strata_step strata_step;
 
 typedef struct strata_step_params {
     strata_generate_params gen;  // the stop strings are copied
-    int prompt_chunk;            // prompt tokens per step; <= 0: 512
+    int prompt_chunk;            // prompt tokens per step; <= 0: the session's chunk (n_batch)
     int checkpoint;              // a prompt offset where a chunk ends, so the caller can save the
                                  // session there (strata_step_prompt_read() == checkpoint); 0: none
 } strata_step_params;

@@ -21,7 +21,8 @@ static void usage(FILE *f) {
                ST_CLI_DEVICE_HELP
                "  --prompt LIST      prompt lengths (default 512,2048; 0 to skip)\n"
                "  --decode N         decoded tokens (default 128; 0 to skip)\n"
-               "  --batch N          prompt chunk (default 512)\n"
+               "  --batch N          prompt chunk (default: 2048 on a GPU that holds the whole model,\n"
+               "                     else 512)\n"
                "  --kv f16|q8_0      KV cache type (default f16)\n"
                "  --ctx N            context the GPU's memory is planned for (default: the longest test\n"
                "                     + 16, the context each test opens, as llama-bench sizes its own;\n"
@@ -30,7 +31,7 @@ static void usage(FILE *f) {
 
 int st_bench_model(int argc, char **argv) {
     const char *model = NULL, *prompts = "512,2048", *kv = "f16", *v;
-    int64_t threads = 0, decode = 128, batch = 512, ctx = 0;
+    int64_t threads = 0, decode = 128, batch = 0, ctx = 0;
     bool bad = false;
     strata_model_params mp = {0};
     for (int i = 1; i < argc && !bad; i++) {
@@ -98,10 +99,11 @@ int st_bench_model(int argc, char **argv) {
     printf("model: %s (%s, %d layers, %d experts top-%d, %.2f GiB)\n", model, info.arch, info.n_layer,
            info.n_expert, info.n_expert_used, info.file_bytes / 1073741824.0);
     if (info.gpu >= 0)
-        printf("commit: %s; backend: cuda, GPU %d; kv: %s, planned for %d positions; GPU memory copy %.0f GB/s "
-               "(read + write)\n", commit, info.gpu, kv, mp.n_ctx, bw);
+        printf("commit: %s; backend: cuda, GPU %d; kv: %s, planned for %d positions; prompt chunk %d; GPU memory "
+               "copy %.0f GB/s (read + write)\n", commit, info.gpu, kv, mp.n_ctx, info.n_batch, bw);
     else
-        printf("commit: %s; backend: cpu; threads: %d; kv: %s; memory read %.1f GB/s\n", commit, nth, kv, bw);
+        printf("commit: %s; backend: cpu; threads: %d; kv: %s; prompt chunk %d; memory read %.1f GB/s\n", commit, nth,
+               kv, info.n_batch, bw);
     printf("decode reads %.1f MiB of weights per token: bound %.1f tokens/s\n", info.decode_bytes / 1048576.0,
            bw * 1e9 / (double)info.decode_bytes);
     strata_expert_stats ec = strata_model_expert_stats(m);

@@ -34,7 +34,8 @@ static const char *common_help =
     "  -m, --model FILE       GGUF model (default " DEFAULT_MODEL ")\n"
     "  -t, --threads N        CPU threads (default: all cores)\n"
     "  --ctx N                context size (default: the model's, capped by memory)\n"
-    "  --batch N              prompt chunk size (default 512)\n"
+    "  --batch N              prompt chunk size (default: 2048 on a GPU that holds the whole\n"
+    "                         model, else 512)\n"
     "  --kv f16|q8_0          KV cache type (default f16)\n"
     ST_CLI_DEVICE_HELP;
 
@@ -140,7 +141,7 @@ static int parse_opt(int argc, char **argv, int *i, gen_opts *o) {
 }
 
 static gen_opts opts_default(void) {
-    return (gen_opts){.model = st_cli_default_model(), .n_predict = 256, .batch = 512, .kv = "f16",
+    return (gen_opts){.model = st_cli_default_model(), .n_predict = 256, .batch = 0, .kv = "f16",
                       .sampling = strata_sampling_default()};
 }
 

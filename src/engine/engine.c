@@ -11,6 +11,7 @@
 #include "strata.h"
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "experts/experts.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -21,6 +22,7 @@ struct strata_model {
     st_backend *backend;
     int gpu;                      // -1: the CPU backend
     int plan_ctx;                 // the context the GPU's memory was planned for (0: none)
+    int n_batch;                  // the prompt chunk sessions get when they ask for none
     pthread_mutex_t stats_mu;     // guards experts: every session's expert stats, summed
     strata_expert_stats experts;
     st_tokenizer *tok;            // NULL when the file has no (usable) tokenizer
@@ -39,6 +41,13 @@ struct strata_session {
 };
 
 const char *strata_error(void) { return st_error(); }
+
+// The prompt chunk when none is asked for (n_batch 0): 512 rows on the CPU and on a card that
+// caches only part of the experts; 2048 on a card that holds the whole model, whose experts'
+// tile GEMMs then take four times the rows for each expert's weights they dequantize (30B-A3B on
+// an H100, prompt 2048: 9,858 tokens/s in chunks of 512, 16,403 in one chunk:
+// bench/results/2026-12-06-xreg-chunk.md).
+enum { ST_CHUNK_CPU = 512, ST_CHUNK_GPU = 2048 };
 
 // The expert profile for a model: the file asked for, or MODEL.profile beside the GGUF.
 static st_status load_profile(const st_model *mo, const char *gguf_path, const char *asked, uint64_t **out) {
@@ -85,7 +94,18 @@ static st_status place_params(strata_model *m, const strata_model_params *p, st_
         return st_fail(ST_ERR_ARG, "--vram-budget-gib %g: must be positive", p->vram_budget_gib);
     pp->vram_budget = (size_t)(p->vram_budget_gib * 1073741824.0);
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : mo->hp.n_ctx_train < 8192 ? mo->hp.n_ctx_train : 8192;
-    st_state_params sp = {.n_ctx = n_ctx, .n_batch = p->n_batch > 0 ? p->n_batch : 512, .kv_type = ST_KV_F16};
+    st_state_params sp = {.n_ctx = n_ctx, .n_batch = p->n_batch > 0 ? p->n_batch : ST_CHUNK_GPU, .kv_type = ST_KV_F16};
+    if (p->n_batch <= 0) {
+        // No chunk asked for: ST_CHUNK_GPU rows where the card holds the whole file with that
+        // chunk's buffers beside it. A card that caches only part of the experts keeps that
+        // memory for them instead, and its chunks stay ST_CHUNK_CPU rows.
+        size_t total_b = m->backend->ops->mem_total ? m->backend->ops->mem_total(m->backend) : 0;
+        size_t avail = st_vram_allowance(pp->vram_budget, total_b, m->backend->ops->mem_free(m->backend));
+        size_t need = st_gguf_file_bytes(m->gguf) + st_state_plan_bytes(mo, &sp, p->n_seq);
+        int64_t experts = (int64_t)(mo->hp.n_layer + mo->hp.n_mtp) * mo->hp.n_expert;
+        if ((pp->expert_slots >= 0 && pp->expert_slots < experts) || need > avail) sp.n_batch = ST_CHUNK_CPU;
+    }
+    m->n_batch = sp.n_batch;
     pp->keep_bytes = st_state_plan_bytes(mo, &sp, p->n_seq);
     m->plan_ctx = n_ctx;
     pp->resident_bytes = p->resident_gib < 0 ? SIZE_MAX : (size_t)(p->resident_gib * 1073741824.0);
@@ -165,6 +185,7 @@ strata_status strata_model_open(const strata_model_params *p, strata_model **out
     int threads = p->n_threads > 0 ? p->n_threads : st_cpu_count();
     if (!s) s = open_backend(m, p, threads);
     if (!s && m->gpu < 0) s = st_model_place(m->model, m->backend, NULL); // says where the weights are
+    if (m->gpu < 0) m->n_batch = p->n_batch > 0 ? p->n_batch : ST_CHUNK_CPU;
     if (!s && st_tokenizer_load_gguf(m->gguf, &m->tok))
         snprintf(m->tok_error, sizeof m->tok_error, "%s", st_error());
     if (!s && st_chat_template_from_gguf(m->gguf, &m->tmpl))
@@ -216,6 +237,7 @@ strata_model_info strata_model_get_info(const strata_model *m) {
         .n_expert_used = hp->n_expert_used, .has_mtp = hp->n_mtp > 0,
         .backend = m->backend->ops->name, .gpu = m->gpu,
         .file_bytes = st_gguf_file_bytes(m->gguf), .decode_bytes = decode_bytes(m->model),
+        .n_batch = m->n_batch,
     };
 }
 
@@ -254,7 +276,7 @@ strata_status strata_session_open(strata_model *m, const strata_session_params *
     }
     st_state_params sp = {
         .n_ctx = n_ctx,
-        .n_batch = p->n_batch > 0 ? p->n_batch : 512,
+        .n_batch = p->n_batch > 0 ? p->n_batch : m->n_batch,
         .kv_type = p->kv_type == STRATA_KV_Q8_0 ? ST_KV_Q8_0 : ST_KV_F16,
         .count_experts = p->count_experts,
     };
@@ -284,6 +306,7 @@ void strata_session_close(strata_session *s) {
 int strata_session_pos(const strata_session *s) { return st_state_pos(s->state); }
 strata_model *st_engine_session_model(const strata_session *s) { return s->m; }
 int strata_session_ctx(const strata_session *s) { return s->n_ctx; }
+int st_engine_session_batch(const strata_session *s) { return s->n_batch; }
 
 // The cache's size: experts on the GPU, experts in all.
 static void cache_size(const strata_model *m, strata_expert_stats *r) {

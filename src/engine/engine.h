@@ -17,6 +17,7 @@ int32_t st_sampler_sample(st_sampler *s, float *logits, const int32_t *history, 
 typedef struct st_tokenizer st_tokenizer;
 st_status st_engine_tokenizer(const strata_model *m, st_tokenizer **out);
 strata_model *st_engine_session_model(const strata_session *s); // the model a session belongs to
+int st_engine_session_batch(const strata_session *s);            // its prompt chunk (n_batch)
 
 // ---- JSON-constrained decoding (json_constraint.c): response_format json_object.
 // An incremental validator of one JSON object (RFC 8259; leading and trailing whitespace

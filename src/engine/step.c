@@ -99,7 +99,7 @@ strata_status strata_step_begin(strata_session *s, const int32_t *prompt, int n_
     if (!g) return ST_ERR_NOMEM;
     g->s = s, g->tok = tok;
     g->n_vocab = strata_model_get_info(m).n_vocab;
-    g->chunk = p->prompt_chunk > 0 ? p->prompt_chunk : 512;
+    g->chunk = p->prompt_chunk > 0 ? p->prompt_chunk : st_engine_session_batch(s);
     g->checkpoint = p->checkpoint > 0 && p->checkpoint < n_prompt ? p->checkpoint : 0;
     g->max_tokens = p->gen.max_tokens;
     g->max_new = p->gen.max_tokens > 0 && p->gen.max_tokens < room - n_prompt ? p->gen.max_tokens : room - n_prompt;

@@ -58,6 +58,17 @@ def test_stop_string_cuts_output(model):
     assert b"stop: stop" in r.stderr
 
 
+def test_bench_names_its_prompt_chunk(model):
+    # No --batch: 512 rows on the CPU (2048 only on a GPU that holds the whole model).
+    r = run("bench", "-m", model, "--prompt", 40, "--decode", 4, "--gpu", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert b"prompt chunk 512;" in r.stdout
+    assert b"prompt 40 " in r.stdout
+    r = run("bench", "-m", model, "--prompt", 40, "--decode", 0, "--gpu", "cpu", "--batch", 8)
+    assert r.returncode == 0, r.stderr
+    assert b"prompt chunk 8;" in r.stdout
+
+
 def test_chat_two_turns_from_stdin(model):
     r = run("chat", "-m", model, "-n", 8, "--temp", 0, input=b"hello\nwhat next?\n")
     assert r.returncode == 0, r.stderr
