@@ -1793,6 +1793,10 @@ struct st_moe2_args {
     // warp's mbarrier of that group) so the warps go on at once to quantize x; else the warps'
     // lanes copy them (cp.async) and stall until most have landed (STRATA_MOE_BULK=0).
     bool bulk;
+    // With rank_first, one row of at most 8 values a thread: each thread loads its chunk of x
+    // with the logits and quantizes it from registers after asking for its rows
+    // (STRATA_MOE_XREG=0: quant_split loads x after the ask).
+    bool xreg;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1944,6 +1948,17 @@ __host__ __device__ __forceinline__ size_t moe2_tile_off(const st_moe2_args &p) 
 template <int T, int P, int W>
 __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t *moe2_smem, st_route_smem &rs,
                                unsigned ts) {
+    // With p.xreg, this thread's chunk of x (quant_split's: chunk tid / 4, lanes of four) is
+    // loaded with the logits and quantized from registers once the rows are asked for: loaded
+    // after that ask, x's values had come back behind the rows' burst (H100 trace, Next-80B-A3B:
+    // the ranking done at 3.4 us, x quantized at 11.2).
+    const int xc = threadIdx.x >> 2, l4 = threadIdx.x & 3;
+    const bool xok = p.xreg && xc < p.cols / 32;
+    float4 xv0 = make_float4(0, 0, 0, 0), xv1 = xv0;
+    if (xok) {
+        xv0 = *(const float4 *)(p.x + (size_t)xc * 32 + 4 * l4);
+        xv1 = *(const float4 *)(p.x + (size_t)xc * 32 + 16 + 4 * l4);
+    }
     route_load(p.logits, p.n_route, rs);
     if (!p.rank_first)
         quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
@@ -1987,8 +2002,14 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
         } else if (ex >= 0) {
             moe2_ask_rows<T, 1, true, P, W>(p, ex, 1);
         }
-        quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
-                    (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+        if (p.xreg) { // quant_split's arithmetic and layout for one row, from the registers
+            int8_t *q0 = (int8_t *)moe2_smem + (size_t)(xok ? xc : 0) * 16 + 4 * l4;
+            quant_chunk4(xv0, xv1, l4, xok, q0, q0 + p.cols / 2,
+                         (float2 *)(moe2_smem + (size_t)p.gcap * p.cols) + (xok ? xc : 0));
+        } else {
+            quant_split(p.x, p.cols, NULL, 1, 1, p.cols, (int8_t *)moe2_smem,
+                        (float2 *)(moe2_smem + (size_t)p.gcap * p.cols), threadIdx.x, blockDim.x);
+        }
     }
     if (blockIdx.x == 0 && blockIdx.y == 0) route_weights(p.n_route, p.k, rs, p.route_ids, p.route_w, p.counts);
     st_trace_mark(ts, 3);
@@ -2524,6 +2545,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     p.rank_pairs = !env_is_0("STRATA_RANK_PAIRS");
     p.rank_first = !env_is_0("STRATA_MOE_RANK_FIRST");
     p.stage_all = env_on("STRATA_MOE_STAGE_ALL");
+    p.xreg = p.rank_first && n == 1 && d / 32 <= 32 * ST_MOE2_WARPS / 4 && !env_is_0("STRATA_MOE_XREG");
     p.stage = p.rank_first && !env_is_0("STRATA_MOE_STAGE") && gate->row_bytes == up->row_bytes &&
               gate->row_bytes % 16 == 0 && gate->mat_bytes % 16 == 0 && up->mat_bytes % 16 == 0 &&
               ((uintptr_t)gate->data & 15) == 0 && ((uintptr_t)up->data & 15) == 0;
