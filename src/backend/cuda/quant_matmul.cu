@@ -1797,6 +1797,10 @@ struct st_moe2_args {
     // with the logits and quantizes it from registers after asking for its rows
     // (STRATA_MOE_XREG=0: quant_split loads x after the ask).
     bool xreg;
+    // With bulk: the groups of rows each warp asks for before its products (default 1); the
+    // others one at a time, each as its products finish a group. Asking for all eight rows at
+    // once held the warps 3.6 us in the copy engine's issue (STRATA_MOE_AHEAD=N, 1-4: N at once).
+    int ahead;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -1934,6 +1938,22 @@ __device__ __forceinline__ unsigned long long *moe2_stage_bars() {
     return bars + (threadIdx.x >> 5) * ST_MOE2_STAGES;
 }
 
+#if defined(ST_CLUSTERS)
+// Lane 0 of a staged gate/up warp asks the copy engine for its rows of group g (rows g·RG ..,
+// moe2_row_ptr's order) into tile, counted on the warp's mbarrier g.
+template <int P, int W>
+__device__ __forceinline__ void moe2_bulk_group(const st_moe2_args &p, int ex, uint8_t *tile, int g,
+                                                unsigned long long pol) {
+    constexpr int RG = 2 * P >= ST_MOE2_STAGES ? 2 * P / ST_MOE2_STAGES : 1; // rows a group
+    unsigned long long *bar = moe2_stage_bars() + g;
+    st_mbar_expect(bar, (unsigned)(RG * p.g_row_bytes));
+#pragma unroll
+    for (int i = g * RG; i < g * RG + RG; i++)
+        st_bulk_copy(tile + i * p.g_row_bytes, moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i), (unsigned)p.g_row_bytes,
+                     bar, pol);
+}
+#endif
+
 // Where p.stage puts warp w's 2P gate and up rows (moe2_row_ptr's order) in the dynamic shared
 // memory: after the quantized input and its scales.
 __host__ __device__ __forceinline__ size_t moe2_tile_off(const st_moe2_args &p) {
@@ -1978,16 +1998,14 @@ __device__ int moe2_route_one(const st_moe2_args &p, int *s_asg, int *e, uint8_t
                 // Lane 0 asks the copy engine for the warp's rows, group g counted on bar[g]; the
                 // lanes wait on them in moe2_rows, after this block's barrier below.
                 unsigned long long *bar = moe2_stage_bars();
+                // The first p.ahead groups now, the others as the products finish a group
+                // (moe2_rows).
                 if ((threadIdx.x & 31) == 0) {
                     for (int g = 0; g < ST_MOE2_STAGES; g++) st_mbar_init(bar + g, 1);
                     st_mbar_init_fence();
-#pragma unroll
-                    for (int i = 0; i < 2 * P; i++) {
-                        if (i % RG == 0) st_mbar_expect(bar + i / RG, (unsigned)(RG * p.g_row_bytes));
-                        st_bulk_copy(tile + i * p.g_row_bytes, moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i),
-                                     (unsigned)p.g_row_bytes, bar + i / RG, pol);
-                    }
+                    for (int g = 0; g < p.ahead; g++) moe2_bulk_group<P, W>(p, ex, tile, g, pol);
                 }
+                st_trace_mark(ts, 8);
             } else
 #endif
             {
@@ -2106,6 +2124,10 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                             acc[i][0] += chunk_dot_x<T>(w, x0, x1, ds);
                         }
                     }
+#if defined(ST_CLUSTERS)
+                    if (p.bulk && g + p.ahead < ST_MOE2_STAGES && lane == 0)
+                        moe2_bulk_group<P, W>(p, e, (uint8_t *)wr[0], g + p.ahead, st_l2_evict_first());
+#endif
                 }
             }
             for (int c = lc; c < nchunk && !(GATE && NX == 1 && staged); c += CL) {
@@ -2236,7 +2258,8 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     int e = -1, m = 0;
     // STRATA_CUDA_TRACE marks: 0 a first read of the input (the logits where it routes) arrived;
     // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
-    // ready, 5 products done, 6 stored, 7 counted in (down).
+    // ready, 5 products done, 6 stored, 7 counted in (down); 8 the first rows asked for (gate/up,
+    // the copy engine).
     unsigned ts;
 #if defined(ST_CLUSTERS)
     __shared__ unsigned long long s_bar; // (p.counted) the combine's stores land counted on it
@@ -2545,6 +2568,9 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     p.rank_pairs = !env_is_0("STRATA_RANK_PAIRS");
     p.rank_first = !env_is_0("STRATA_MOE_RANK_FIRST");
     p.stage_all = env_on("STRATA_MOE_STAGE_ALL");
+    const char *ahead = getenv("STRATA_MOE_AHEAD");
+    p.ahead = p.stage_all ? ST_MOE2_STAGES : ahead ? atoi(ahead) : 1; // (stage_all waits for all at once)
+    p.ahead = p.ahead < 1 ? 1 : p.ahead > ST_MOE2_STAGES ? ST_MOE2_STAGES : p.ahead;
     p.xreg = p.rank_first && n == 1 && d / 32 <= 32 * ST_MOE2_WARPS / 4 && !env_is_0("STRATA_MOE_XREG");
     p.stage = p.rank_first && !env_is_0("STRATA_MOE_STAGE") && gate->row_bytes == up->row_bytes &&
               gate->row_bytes % 16 == 0 && gate->mat_bytes % 16 == 0 && up->mat_bytes % 16 == 0 &&
