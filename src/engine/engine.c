@@ -104,6 +104,8 @@ static st_status place_params(strata_model *m, const strata_model_params *p, st_
         size_t need = st_gguf_file_bytes(m->gguf) + st_state_plan_bytes(mo, &sp, p->n_seq);
         int64_t experts = (int64_t)(mo->hp.n_layer + mo->hp.n_mtp) * mo->hp.n_expert;
         if ((pp->expert_slots >= 0 && pp->expert_slots < experts) || need > avail) sp.n_batch = ST_CHUNK_CPU;
+        st_log_info("prompt chunks of %d rows (%d where the GPU holds the whole model beside them; --batch N to "
+                    "choose)", sp.n_batch, ST_CHUNK_GPU);
     }
     m->n_batch = sp.n_batch;
     pp->keep_bytes = st_state_plan_bytes(mo, &sp, p->n_seq);
