@@ -11,6 +11,9 @@
 //   linepf    prefetch.global.L2 of every line of the slice, then the loads
 //   cpasync   cp.async of the slice into shared memory (16 bytes a thread a copy), then reads it
 //   bulkcp    one cp.async.bulk copy a warp into shared memory (the copy engine), then reads it
+//   bulkrows  the same bytes a warp in copies of 1,152 bytes (one Q4_K row of 2,048 columns each,
+//             as the staged gate/up kernel copied them before STRATA_MOE_BROWS): what a copy's
+//             size costs
 // Also the rate of one kernel streaming 1 GiB (the copy-rate bound's figure), and the experts'
 // layout: the 30B-A3B's gate/up kernel's 192 blocks (24 row tiles x 8 experts), each reading its
 // 32 gate rows and 32 up rows (two 36 KiB slices) of 8 experts drawn at random from a layer's
@@ -81,12 +84,13 @@ __device__ __forceinline__ unsigned read_smem(const uint4 *s, int words) {
     return r;
 }
 
-enum { V_EMPTY, V_LOADS, V_LOADS32, V_BULKPF, V_LINEPF, V_CPASYNC, V_BULKCP, NV };
-static const char *vname[NV] = {"empty", "loads", "loads32", "bulkpf", "linepf", "cpasync", "bulkcp"};
+enum { V_EMPTY, V_LOADS, V_LOADS32, V_BULKPF, V_LINEPF, V_CPASYNC, V_BULKCP, V_BULKROWS, NV };
+static const char *vname[NV] = {"empty", "loads", "loads32", "bulkpf", "linepf", "cpasync", "bulkcp", "bulkrows"};
 
 // segs (or NULL: block b's slice is words at w + b * words): block b reads words / 2 at w + segs[2b]
 // and words / 2 at w + segs[2b + 1] (its gate and up rows), both slices' loads in flight together
-// (loads and loads32 only).
+// (loads and loads32; bulkcp: a quarter of one slice a warp, by the copy engine, as the staged
+// gate/up kernel copies them).
 template <int V>
 __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned *out, const long long *segs) {
     extern __shared__ uint4 sm[];
@@ -96,6 +100,32 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
     if (segs) {
         const uint4 *a = w + segs[2 * blockIdx.x], *b = w + segs[2 * blockIdx.x + 1];
         unsigned long long pol = evict_first();
+        if (V == V_BULKCP) { // as the staged gate/up kernel: a quarter of one slice a warp, the copy engine
+            __shared__ alignas(8) unsigned long long bar[8];
+            int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = words / 2 / 4;
+            unsigned bb = (unsigned)__cvta_generic_to_shared(&bar[warp]);
+            if (lane == 0) {
+                unsigned d = (unsigned)__cvta_generic_to_shared(sm + warp * per);
+                asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bb));
+                asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+                asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bb), "r"(per * 16) : "memory");
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                             "[%1], %2, [%3], %4;" ::"r"(d),
+                             "l"((warp < 4 ? a : b) + (warp & 3) * per), "r"(per * 16), "r"(bb), "l"(pol)
+                             : "memory");
+            }
+            __syncwarp();
+            unsigned done = 0;
+            while (!done)
+                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                             : "=r"(done)
+                             : "r"(bb)
+                             : "memory");
+            unsigned s = 0;
+            for (int i = lane; i < per; i += 32) s += fold(sm[warp * per + i]);
+            if (s == 0x12345678u) out[blockIdx.x] = s;
+            return;
+        }
         // (8 or 32 loads in flight a thread, as the contiguous variants)
         unsigned s = V == V_LOADS32 ? read_loads2<16>(a, b, words / 2, pol) : read_loads2<4>(a, b, words / 2, pol);
         if (s == 0x12345678u) out[blockIdx.x] = s;
@@ -128,7 +158,7 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
         __syncthreads();
         s = read_smem(sm, words);
     }
-    if (V == V_BULKCP) {
+    if (V == V_BULKCP || V == V_BULKROWS) {
         __shared__ alignas(8) unsigned long long bar[8];
         unsigned b = (unsigned)__cvta_generic_to_shared(&bar[warp]);
         if (lane == 0) {
@@ -139,10 +169,14 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
         if (lane == 0 && wn > 0) {
             unsigned d = (unsigned)__cvta_generic_to_shared(sm + w0);
             asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b), "r"(wn * 16) : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
-                         "%2, [%3], %4;" ::"r"(d),
-                         "l"(mw + w0), "r"(wn * 16), "r"(b), "l"(pol)
-                         : "memory");
+            const int piece = V == V_BULKROWS ? 72 : wn; // (words: 1,152 bytes)
+            for (int o = 0; o < wn; o += piece) {
+                int n = wn - o < piece ? wn - o : piece;
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                             "[%1], %2, [%3], %4;" ::"r"(d + 16 * o),
+                             "l"(mw + w0 + o), "r"(n * 16), "r"(b), "l"(pol)
+                             : "memory");
+            }
         }
         if (wn > 0) {
             unsigned done = 0;
@@ -165,7 +199,8 @@ static void *kernel_of(int v) {
     case V_BULKPF: return (void *)k_burst<V_BULKPF>;
     case V_LINEPF: return (void *)k_burst<V_LINEPF>;
     case V_CPASYNC: return (void *)k_burst<V_CPASYNC>;
-    default: return (void *)k_burst<V_BULKCP>;
+    case V_BULKCP: return (void *)k_burst<V_BULKCP>;
+    default: return (void *)k_burst<V_BULKROWS>;
     }
 }
 
@@ -242,8 +277,8 @@ static void experts(cudaStream_t st, int K) {
         CK(cudaMemcpy(segs, h, sizeof(long long) * 2 * G * K, cudaMemcpyHostToDevice));
         char name[32];
         snprintf(name, sizeof name, lay == 0 ? "contiguous" : "experts/%d", lay == 0 ? 0 : layers[lay - 1]);
-        for (int v : {V_LOADS, V_LOADS32}) {
-            float us = graph_us(st, K, v, G, 0, w, 0, words, out, segs, 2 * G);
+        for (int v : {V_LOADS, V_LOADS32, V_BULKCP}) {
+            float us = graph_us(st, K, v, G, v == V_BULKCP ? (size_t)words * 16 : 0, w, 0, words, out, segs, 2 * G);
             printf("%-9s %-12s %9.2f %9.2f\n", vname[v], name, us, G * 2 * tile / 1e6 / us);
         }
     }
@@ -300,7 +335,7 @@ int main(int argc, char **argv) {
             if (stride < slice * grid) continue;
             float empty_us = 0;
             for (int v = 0; v < NV; v++) {
-                size_t smem = v == V_CPASYNC || v == V_BULKCP ? slice : 0;
+                size_t smem = v == V_CPASYNC || v == V_BULKCP || v == V_BULKROWS ? slice : 0;
                 float us = graph_us(st, K, v, grid, smem, w, stride / 16, words, out, NULL, 0);
                 if (v == V_EMPTY) empty_us = us;
                 double net = us - empty_us;
