@@ -2113,6 +2113,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                         else st_cp_wait<0>();
                         __syncwarp(); // the warp's other lanes copied parts of these rows
                     }
+                    st_trace_mark(ts, g == 0 ? 7 : 8 + g); // (block 0, warp 0: group g has landed)
                     for (int c = lc; c < nchunk; c += CL) {
                         const int8_t *q = xq + c * 16;
                         int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + hcols);
@@ -2259,7 +2260,7 @@ __device__ __forceinline__ void moe2_body(const st_moe2_args &p) {
     // STRATA_CUDA_TRACE marks: 0 a first read of the input (the logits where it routes) arrived;
     // routing: 1 logits and x loaded, 2 ranked, 3 ids written (block 0); 4 expert and input
     // ready, 5 products done, 6 stored, 7 counted in (down); 8 the first rows asked for (gate/up,
-    // the copy engine).
+    // the copy engine); staged gate/up: 7, 9, 10, 11 warp 0's groups 0-3 landed.
     unsigned ts;
 #if defined(ST_CLUSTERS)
     __shared__ unsigned long long s_bar; // (p.counted) the combine's stores land counted on it
