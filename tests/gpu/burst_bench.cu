@@ -84,6 +84,32 @@ __device__ __forceinline__ unsigned read_smem(const uint4 *s, int words) {
     return r;
 }
 
+// The copy engine: mbarrier bar (a shared address) set up for one arrival, then this thread's
+// arrival expecting n16 16-byte words; copies of `piece` words from src into shared dst.
+__device__ __forceinline__ void bulk_start(unsigned bar, int n16) {
+    asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(n16 * 16) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(unsigned dst, const uint4 *src, int n16, int piece, unsigned bar,
+                                          unsigned long long pol) {
+    for (int o = 0; o < n16; o += piece) {
+        int n = n16 - o < piece ? n16 - o : piece;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                     "[%3], %4;" ::"r"(dst + 16 * o),
+                     "l"(src + o), "r"(n * 16), "r"(bar), "l"(pol)
+                     : "memory");
+    }
+}
+__device__ __forceinline__ void bulk_wait(unsigned bar) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar)
+                     : "memory");
+}
+
 enum { V_EMPTY, V_LOADS, V_LOADS32, V_BULKPF, V_LINEPF, V_CPASYNC, V_BULKCP, V_BULKROWS, NV };
 static const char *vname[NV] = {"empty", "loads", "loads32", "bulkpf", "linepf", "cpasync", "bulkcp", "bulkrows"};
 
@@ -105,22 +131,12 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
             int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = words / 2 / 4;
             unsigned bb = (unsigned)__cvta_generic_to_shared(&bar[warp]);
             if (lane == 0) {
-                unsigned d = (unsigned)__cvta_generic_to_shared(sm + warp * per);
-                asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bb));
-                asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-                asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bb), "r"(per * 16) : "memory");
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
-                             "[%1], %2, [%3], %4;" ::"r"(d),
-                             "l"((warp < 4 ? a : b) + (warp & 3) * per), "r"(per * 16), "r"(bb), "l"(pol)
-                             : "memory");
+                bulk_start(bb, per);
+                bulk_copy((unsigned)__cvta_generic_to_shared(sm + warp * per), (warp < 4 ? a : b) + (warp & 3) * per, per,
+                          per, bb, pol);
             }
             __syncwarp();
-            unsigned done = 0;
-            while (!done)
-                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                             : "=r"(done)
-                             : "r"(bb)
-                             : "memory");
+            bulk_wait(bb);
             unsigned s = 0;
             for (int i = lane; i < per; i += 32) s += fold(sm[warp * per + i]);
             if (s == 0x12345678u) out[blockIdx.x] = s;
@@ -161,31 +177,11 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
     if (V == V_BULKCP || V == V_BULKROWS) {
         __shared__ alignas(8) unsigned long long bar[8];
         unsigned b = (unsigned)__cvta_generic_to_shared(&bar[warp]);
-        if (lane == 0) {
-            asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b));
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
+        if (lane == 0) bulk_start(b, wn > 0 ? wn : 0);
         __syncwarp();
-        if (lane == 0 && wn > 0) {
-            unsigned d = (unsigned)__cvta_generic_to_shared(sm + w0);
-            asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b), "r"(wn * 16) : "memory");
-            const int piece = V == V_BULKROWS ? 72 : wn; // (words: 1,152 bytes)
-            for (int o = 0; o < wn; o += piece) {
-                int n = wn - o < piece ? wn - o : piece;
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
-                             "[%1], %2, [%3], %4;" ::"r"(d + 16 * o),
-                             "l"(mw + w0 + o), "r"(n * 16), "r"(b), "l"(pol)
-                             : "memory");
-            }
-        }
-        if (wn > 0) {
-            unsigned done = 0;
-            while (!done)
-                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                             : "=r"(done)
-                             : "r"(b)
-                             : "memory");
-        }
+        if (lane == 0 && wn > 0) // (V_BULKROWS: copies of 72 words, 1,152 bytes)
+            bulk_copy((unsigned)__cvta_generic_to_shared(sm + w0), mw + w0, wn, V == V_BULKROWS ? 72 : wn, b, pol);
+        if (wn > 0) bulk_wait(b);
         for (int i = lane; i < wn; i += 32) s += fold(sm[w0 + i]);
     }
     if (s == 0x12345678u) out[blockIdx.x] = s; // (keeps the reads)
