@@ -12,7 +12,7 @@
 //   cpasync   cp.async of the slice into shared memory (16 bytes a thread a copy), then reads it
 //   bulkcp    one cp.async.bulk copy a warp into shared memory (the copy engine), then reads it
 //   bulkrows  the same bytes a warp in copies of 1,152 bytes (one Q4_K row of 2,048 columns each,
-//             as the staged gate/up kernel copied them before STRATA_MOE_BROWS): what a copy's
+//             as the staged gate/up kernel copies them): what a copy's
 //             size costs
 // Also the rate of one kernel streaming 1 GiB (the copy-rate bound's figure), and the experts'
 // layout: the 30B-A3B's gate/up kernel's 192 blocks (24 row tiles x 8 experts), each reading its
