@@ -38,10 +38,15 @@ struct st_state {
     float *logits_r;          // (n_batch, n_expert) router logits
     float *sh_g, *sh_u;       // (n_batch, n_ff_shexp)
     float *sh_s;              // (n_batch) shared expert gate logits
-    int32_t *ids, *pos_ids;   // (n_batch, k), (n_batch)
+    int32_t *ids;             // (n_batch, k)
     float *weights;           // (n_batch, k)
-    int32_t *tok_ids;         // (n_batch) the rows' tokens
-    int32_t *kv_pos;          // (1) the first row's cache position (graph replays read it here)
+    // A call's inputs, one buffer copied in once (step_inputs): the first row's cache position
+    // (graph replays read it here), then the rows' positions and tokens, placed by the call's
+    // row count n (the same for every call of n rows, so a recording of n rows reads them there).
+    int32_t *in;              // (4 + n_batch rounded up to 4 + n_batch)
+    int32_t *kv_pos;          // in: (1)
+    int32_t *pos_ids;         // in + 4: (n) the rows' positions
+    int32_t *tok_ids;         // after pos_ids, n rounded up to 4: (n) the rows' tokens
     float *logits;            // (HEAD_ROWS, n_vocab) head output on backends without host memory;
                               // (1, n_vocab) on host memory, the row whose argmax alone is wanted
     int32_t *best;            // (HEAD_ROWS) their argmax
@@ -192,9 +197,7 @@ st_status st_state_create(const st_model *m, st_backend *b, const st_state_param
     s->sh_s = take(s, sizeof(float) * nb, &err);
     s->ids = take(s, sizeof(int32_t) * nb * K, &err);
     s->weights = take(s, sizeof(float) * nb * K, &err);
-    s->pos_ids = take(s, sizeof(int32_t) * nb, &err);
-    s->tok_ids = take(s, sizeof(int32_t) * nb, &err);
-    s->kv_pos = take(s, sizeof(int32_t), &err);
+    s->in = take(s, sizeof(int32_t) * (4 + (nb + 3) / 4 * 4 + nb), &err);
     s->logits = take(s, sizeof(float) * (b->ops->host_memory ? 1 : HEAD_ROWS) * (size_t)hp->n_vocab, &err);
     s->best = take(s, sizeof(int32_t) * HEAD_ROWS, &err);
     if (err) {
@@ -218,9 +221,7 @@ void st_state_free(st_state *s) {
                      s->ba, s->logits_r, s->sh_g, s->sh_u, s->sh_s, s->weights};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->b->ops->free(s->b, bufs[i]);
     s->b->ops->free(s->b, s->ids);
-    s->b->ops->free(s->b, s->pos_ids);
-    s->b->ops->free(s->b, s->tok_ids);
-    s->b->ops->free(s->b, s->kv_pos);
+    s->b->ops->free(s->b, s->in);
     s->b->ops->free(s->b, s->logits);
     s->b->ops->free(s->b, s->best);
     for (int i = 0; i < 3; i++)
@@ -231,6 +232,25 @@ void st_state_free(st_state *s) {
     st_free(s->ssm);
     st_experts_free(s->ex);
     st_free(s);
+}
+
+// A call's inputs to the device in one copy (each copy may cost the step a round trip): cache
+// position kv, the positions of rows 0 .. n-1 from first on, their tokens. s->kv_pos, pos_ids
+// and tok_ids point at them for the ops.
+static st_status step_inputs(st_state *s, int kv, int first, const int32_t *tokens, int n) {
+    int n4 = (n + 3) / 4 * 4, len = 4 + n4 + n;
+    int32_t small[4 + 2 * ST_GRAPH_ROWS], *host = small; // (a window's on the stack, a chunk's on the heap)
+    if (len > (int)(sizeof small / sizeof small[0]) && !(host = st_calloc((size_t)len, sizeof(int32_t))))
+        return st_fail(ST_ERR_NOMEM, "out of memory for the positions of %d rows", n);
+    memset(host, 0, sizeof(int32_t) * (size_t)(4 + n4));
+    host[0] = kv;
+    for (int i = 0; i < n; i++) host[4 + i] = first + i, host[4 + n4 + i] = tokens[i];
+    s->kv_pos = s->in;
+    s->pos_ids = s->in + 4;
+    s->tok_ids = s->in + 4 + n4;
+    s->b->ops->from_host(s->b, s->in, host, sizeof(int32_t) * (size_t)len);
+    if (host != small) st_free(host);
+    return ST_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,11 +419,7 @@ st_status st_model_forward(const st_model *m, st_state *s, const int32_t *tokens
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return st_fail(ST_ERR_ARG, "token id %d at row %d is outside the vocabulary (0 .. %d)",
                            tokens[i], i, hp->n_vocab - 1);
-    int32_t pos_host[n];
-    for (int i = 0; i < n; i++) pos_host[i] = s->pos + i;
-    s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
-    s->b->ops->from_host(s->b, s->kv_pos, pos_host, sizeof(int32_t));
-    s->b->ops->from_host(s->b, s->tok_ids, tokens, sizeof(int32_t) * n);
+    ST_TRY(step_inputs(s, s->pos, s->pos, tokens, n));
 
     // Windows of a few rows may be recorded and replayed (with their logits on a device). The
     // recording computes the head whenever the caller wants logits or only their argmax: head()
@@ -443,11 +459,7 @@ st_status st_model_mtp(const st_model *m, st_state *s, int pos, const float *hid
             return st_fail(ST_ERR_ARG, "token id %d at row %d is outside the vocabulary (0 .. %d)",
                            tokens[i], i, hp->n_vocab - 1);
     const st_layer *l = &m->layers[hp->n_layer];
-    int32_t pos_host[n];
-    for (int i = 0; i < n; i++) pos_host[i] = pos + i + 1; // REFERENCE §3.3: position t+1
-    s->b->ops->from_host(s->b, s->pos_ids, pos_host, sizeof(int32_t) * n);
-    s->b->ops->from_host(s->b, s->kv_pos, &pos, sizeof(int32_t));
-    s->b->ops->from_host(s->b, s->tok_ids, tokens, sizeof(int32_t) * n);
+    ST_TRY(step_inputs(s, pos, pos + 1, tokens, n)); // REFERENCE §3.3: position t+1
 
     // u = eh_proj [norm(embed(token)), norm(hidden)], then the MTP decoder layer.
     OP(get_rows, &m->tok_embd, s->tok_ids, n, s->y);

@@ -125,8 +125,29 @@ static bool cuda_h2d_done(st_backend *b) {
     return true;
 }
 
+// STRATA_H2D_WAIT=1: every copy to the device waits for itself, as before the pinned slots (A/B
+// runs); read once.
+static bool h2d_wait(void) {
+    static int on = -1;
+    if (on < 0) on = st_env_is("STRATA_H2D_WAIT", "1");
+    return on == 1;
+}
+
 static void cuda_from_host(st_backend *b, void *dst, const void *host, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
+    // A step's ids and positions (one copy a step): copied into a pinned slot and queued, not
+    // waited for (a round trip to the GPU before the step's graph could launch). The caller may
+    // reuse its buffer at once: the slot holds the bytes.
+    if (c->stage && bytes <= ST_STAGE_BYTES && !c->capturing && !h2d_wait()) {
+        unsigned i = c->stage_next++ % ST_STAGE_SLOTS;
+        if (c->stage_used >> i & 1u) ST_CU(c, cudaEventSynchronize(c->stage_ev[i])); // its last copy has left
+        uint8_t *slot = c->stage + (size_t)i * ST_STAGE_BYTES;
+        memcpy(slot, host, bytes);
+        ST_CU(c, cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, c->stream));
+        ST_CU(c, cudaEventRecord(c->stage_ev[i], c->stream));
+        c->stage_used |= 1u << i;
+        return;
+    }
     ST_CU(c, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream));
     // The host buffer may be reused as soon as we return (callers pass stack arrays).
     ST_CU(c, cudaStreamSynchronize(c->stream));
@@ -420,6 +441,9 @@ static void cuda_destroy(st_backend *b) {
     if (c->sh_join) cudaEventDestroy(c->sh_join);
     if (c->side) cudaStreamDestroy(c->side);
     if (c->h2d) cudaStreamSynchronize(c->h2d), cudaStreamDestroy(c->h2d);
+    for (int i = 0; i < ST_STAGE_SLOTS; i++)
+        if (c->stage_ev[i]) cudaEventDestroy(c->stage_ev[i]);
+    if (c->stage) cudaFreeHost(c->stage);
     if (c->h2d_start) cudaEventDestroy(c->h2d_start);
     if (c->h2d_end) cudaEventDestroy(c->h2d_end);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -658,7 +682,15 @@ extern "C" st_status st_backend_cuda_create(int device, size_t reserve_bytes, in
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->h2d_start, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->h2d_end, cudaEventDisableTiming);
+    for (int i = 0; i < ST_STAGE_SLOTS && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming);
     if (e != cudaSuccess) s = st_fail(ST_ERR_IO, "GPU %d: cannot start: %s", device, cudaGetErrorString(e));
+    // The pinned slots of small copies (without them, each copy waits for itself).
+    if (!s && cudaHostAlloc((void **)&c->stage, (size_t)ST_STAGE_SLOTS * ST_STAGE_BYTES, cudaHostAllocPortable) !=
+                  cudaSuccess) {
+        cudaGetLastError(); // not sticky
+        c->stage = NULL;
+    }
     if (!s && cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS)
         s = st_fail(ST_ERR_IO, "GPU %d: cannot start cuBLAS", device);
     if (!s) cublasSetStream(c->cublas, c->stream);

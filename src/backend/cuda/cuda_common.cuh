@@ -28,6 +28,8 @@ enum {
     ST_SCR_COUNT
 };
 
+#define ST_STAGE_SLOTS 32
+#define ST_STAGE_BYTES 1024
 typedef struct st_cuda {
     st_backend base;             // first: an st_backend * is an st_cuda *
     int device;
@@ -49,6 +51,12 @@ typedef struct st_cuda {
     // experts' gate/up kernel, joined before the first kernel that reads its output.
     cudaEvent_t sh_fork, sh_join;
     bool sh_pending;             // forked, not joined yet
+    // Small copies to the device (a window's token ids and positions: tens of bytes) go through
+    // pinned slots and return without waiting (cuda_from_host); slot i is written again only
+    // once stage_ev[i], recorded behind its last copy, has completed.
+    uint8_t *stage;              // ST_STAGE_SLOTS x ST_STAGE_BYTES, pinned; NULL: every copy waits
+    cudaEvent_t stage_ev[ST_STAGE_SLOTS];
+    unsigned stage_next, stage_used; // the next slot; the slots with a copy recorded (bits)
     // from_host_async's copies (adaptive expert swaps) run on h2d, after the work queued on
     // stream before each (h2d_start); h2d_end marks the last one.
     cudaStream_t h2d;
