@@ -1801,6 +1801,10 @@ struct st_moe2_args {
     // others one at a time, each as its products finish a group. Asking for all eight rows at
     // once held the warps 3.6 us in the copy engine's issue (STRATA_MOE_AHEAD=N, 1-4: N at once).
     int ahead;
+    // With bulk and one group ahead: each later group is asked for as soon as the one before has
+    // landed, before that one's products, so its flight overlaps them (STRATA_MOE_ASK_LANDED=0:
+    // after them).
+    bool ask_landed;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -2114,6 +2118,10 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                         __syncwarp(); // the warp's other lanes copied parts of these rows
                     }
                     st_trace_mark(ts, g == 0 ? 7 : 8 + g); // (block 0, warp 0: group g has landed)
+#if defined(ST_CLUSTERS)
+                    if (p.bulk && p.ask_landed && g + 1 < ST_MOE2_STAGES && lane == 0)
+                        moe2_bulk_group<P, W>(p, e, (uint8_t *)wr[0], g + 1, st_l2_evict_first());
+#endif
                     for (int c = lc; c < nchunk; c += CL) {
                         const int8_t *q = xq + c * 16;
                         int4 x0 = *(const int4 *)q, x1 = *(const int4 *)(q + hcols);
@@ -2126,7 +2134,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
                         }
                     }
 #if defined(ST_CLUSTERS)
-                    if (p.bulk && g + p.ahead < ST_MOE2_STAGES && lane == 0)
+                    if (p.bulk && !p.ask_landed && g + p.ahead < ST_MOE2_STAGES && lane == 0)
                         moe2_bulk_group<P, W>(p, e, (uint8_t *)wr[0], g + p.ahead, st_l2_evict_first());
 #endif
                 }
@@ -2572,6 +2580,7 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     const char *ahead = getenv("STRATA_MOE_AHEAD");
     p.ahead = p.stage_all ? ST_MOE2_STAGES : ahead ? atoi(ahead) : 1; // (stage_all waits for all at once)
     p.ahead = p.ahead < 1 ? 1 : p.ahead > ST_MOE2_STAGES ? ST_MOE2_STAGES : p.ahead;
+    p.ask_landed = p.ahead == 1 && !env_is_0("STRATA_MOE_ASK_LANDED");
     p.xreg = p.rank_first && n == 1 && d / 32 <= 32 * ST_MOE2_WARPS / 4 && !env_is_0("STRATA_MOE_XREG");
     p.stage = p.rank_first && !env_is_0("STRATA_MOE_STAGE") && gate->row_bytes == up->row_bytes &&
               gate->row_bytes % 16 == 0 && gate->mat_bytes % 16 == 0 && up->mat_bytes % 16 == 0 &&
