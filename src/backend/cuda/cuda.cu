@@ -135,9 +135,10 @@ static bool h2d_wait(void) {
 
 static void cuda_from_host(st_backend *b, void *dst, const void *host, size_t bytes) {
     st_cuda *c = st_cuda_of(b);
-    // A step's ids and positions (one copy a step): copied into a pinned slot and queued, not
-    // waited for (a round trip to the GPU before the step's graph could launch). The caller may
-    // reuse its buffer at once: the slot holds the bytes.
+    // Small copies (a step's ids and positions, one copy a step; a cache map entry): into a
+    // pinned slot and queued on the stream, not waited for (a wait is a round trip to the GPU
+    // before the step's graph can launch). The caller may reuse its buffer at once: the slot
+    // holds the bytes. Larger copies wait as before.
     if (c->stage && bytes <= ST_STAGE_BYTES && !c->capturing && !h2d_wait()) {
         unsigned i = c->stage_next++ % ST_STAGE_SLOTS;
         if (c->stage_used >> i & 1u) ST_CU(c, cudaEventSynchronize(c->stage_ev[i])); // its last copy has left

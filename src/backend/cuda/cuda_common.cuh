@@ -51,7 +51,7 @@ typedef struct st_cuda {
     // experts' gate/up kernel, joined before the first kernel that reads its output.
     cudaEvent_t sh_fork, sh_join;
     bool sh_pending;             // forked, not joined yet
-    // Small copies to the device (a window's token ids and positions: tens of bytes) go through
+    // Small copies to the device (up to ST_STAGE_BYTES: a step's ids and positions) go through
     // pinned slots and return without waiting (cuda_from_host); slot i is written again only
     // once stage_ev[i], recorded behind its last copy, has completed.
     uint8_t *stage;              // ST_STAGE_SLOTS x ST_STAGE_BYTES, pinned; NULL: every copy waits
