@@ -271,46 +271,64 @@ template <int EPL> __device__ __forceinline__ void attn_load_head(const float *x
     for (int e = 0; e < EPL; e++) v[e] = x ? x[lane + 32 * e] : 1.0f;
 }
 
+// One chunk of 32 outputs (x: a lane's value c·32 + lane of the row's H·D) quantized into p.oq,
+// p.ods in quant_split's layout and order (lanes of four consecutive values, butterflied at 4, 2,
+// 1 of those lanes).
+__device__ __forceinline__ void attn_quant_chunk(const attn_params &p, float x, size_t row, int cols, int c, int lane) {
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float x1 = __shfl_down_sync(0xffffffffu, x, 1), x2 = __shfl_down_sync(0xffffffffu, x, 2);
+    float x3 = __shfl_down_sync(0xffffffffu, x, 3);
+    float sum = x + x1 + x2 + x3; // (lanes 4l: values 4l .. 4l+3)
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    float id, d = st_q8_scale(amax, &id);
+    uint32_t b = st_q8_byte(x, id);
+    uint32_t b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2);
+    uint32_t b3 = __shfl_down_sync(0xffffffffu, b, 3);
+    if ((lane & 3) == 0) {
+        int8_t *q = p.oq + row * cols + (lane < 16 ? c * 16 + lane : cols / 2 + c * 16 + lane - 16);
+        *(uint32_t *)q = b | b1 << 8 | b2 << 16 | b3 << 24;
+    }
+    if (lane == 0) p.ods[row * (cols / 32) + c] = make_float2(d, sum);
+}
+
 // A warp stores row-head rh's outputs (lane holding elements e·32 + lane: a[e]), with GATE times
-// their gates, to out and, with p.oq, quantized: each e is one chunk of 32 of the row (H·D wide).
-// The sum follows quant_split's order (lanes of four consecutive values, butterflied at 4, 2, 1 of
-// those lanes), so the output projection gets the bits it would have quantized itself.
+// their gates, to out and, with p.oq, quantized (attn_quant_chunk): each e is one chunk of 32 of
+// the row (H·D wide), so the output projection gets the bits it would have quantized itself.
+// At head dim 256 the chunks run as a loop (one chunk's code eight times): unrolled, the gated
+// store's ~10 KB of straight code ran once a launch from a cold instruction cache while the
+// output projection's blocks streamed their weights, and took 6.8 us for one query (H100, Next-
+// 80B-A3B; 3.2 us as a loop: its attention 14.4 -> 10.9 us a call). At 128 (four chunks) the
+// loop's local copies cost more than they save (30B-A3B attention 10.0 -> 10.4 us).
 template <int EPL, bool GATE>
 __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, const float (&a)[EPL], int lane) {
     constexpr int D = EPL * 32;
-    float v[EPL];
-#pragma unroll
-    for (int e = 0; e < EPL; e++) v[e] = a[e];
-    if constexpr (GATE) { // as mul_sigmoid_kernel multiplies the stored output
-#pragma unroll
-        for (int e = 0; e < EPL; e++) v[e] *= sigmoidf_(p.gate[rh * 2 * D + e * 32 + lane]);
-    }
-#pragma unroll
-    for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = v[e];
-    if (!p.oq) return;
     const int cols = p.H * D;
     const size_t row = rh / p.H;
     const int head = (int)(rh % p.H);
+    float v[EPL], g[EPL];
 #pragma unroll
-    for (int e = 0; e < EPL; e++) {
-        float x = v[e], amax = fabsf(x);
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        float x1 = __shfl_down_sync(0xffffffffu, x, 1), x2 = __shfl_down_sync(0xffffffffu, x, 2);
-        float x3 = __shfl_down_sync(0xffffffffu, x, 3);
-        float sum = x + x1 + x2 + x3; // (lanes 4l: values 4l .. 4l+3)
-        sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-        float id, d = st_q8_scale(amax, &id);
-        uint32_t b = st_q8_byte(x, id);
-        uint32_t b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2);
-        uint32_t b3 = __shfl_down_sync(0xffffffffu, b, 3);
-        int c = head * EPL + e; // the chunk within the row
-        if ((lane & 3) == 0) {
-            int8_t *q = p.oq + row * cols + (lane < 16 ? c * 16 + lane : cols / 2 + c * 16 + lane - 16);
-            *(uint32_t *)q = b | b1 << 8 | b2 << 16 | b3 << 24;
+    for (int e = 0; e < EPL; e++) v[e] = a[e], g[e] = GATE ? p.gate[rh * 2 * D + e * 32 + lane] : 0.0f;
+    if constexpr (EPL >= 8) {
+#pragma unroll 1
+        for (int e = 0; e < EPL; e++) {
+            float x = v[e];
+            if constexpr (GATE) x *= sigmoidf_(g[e]); // as mul_sigmoid_kernel multiplies the stored output
+            p.out[rh * D + e * 32 + lane] = x;
+            if (p.oq) attn_quant_chunk(p, x, row, cols, head * EPL + e, lane);
         }
-        if (lane == 0) p.ods[row * (cols / 32) + c] = make_float2(d, sum);
+    } else {
+        if constexpr (GATE) { // as mul_sigmoid_kernel multiplies the stored output
+#pragma unroll
+            for (int e = 0; e < EPL; e++) v[e] *= sigmoidf_(g[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = v[e];
+        if (!p.oq) return;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) attn_quant_chunk(p, v[e], row, cols, head * EPL + e, lane);
     }
 }
 
