@@ -61,7 +61,7 @@ done
 
 # The CUDA kernel tests again with the other paths the GPU can take (docs/GPU.md: without
 # clusters, as before sm_90, the DeltaNet mixer as its ops in turn, the shared expert in line).
-ALT=${STRATA_GPU_ALT:-STRATA_CLUSTER=0 STRATA_DN_FUSED=0 STRATA_SHARED_SIDE=0 STRATA_NORM_REGS=0 STRATA_MOE_HALF=0 STRATA_ATTN_GATED=0 STRATA_MVF_REGS=0 STRATA_RANK_PAIRS=0}
+ALT=${STRATA_GPU_ALT:-STRATA_CLUSTER=0 STRATA_DN_FUSED=0 STRATA_SHARED_SIDE=0 STRATA_NORM_REGS=0 STRATA_MOE_HALF=0 STRATA_ATTN_GATED=0 STRATA_MVF_REGS=0 STRATA_RANK_PAIRS=0 STRATA_MV_PAIRS=0}
 step unit && [ -n "$ALT" ] && for t in "$B"/test_cuda_*; do
   [ -x "$t" ] || continue
   n=$(basename "$t")
