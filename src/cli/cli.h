@@ -23,6 +23,9 @@ int st_bench_model(int argc, char **argv);     // bench_model.c: `strata bench -
 double st_bench_read_gbs(int n_threads);
 void st_bench_commit(char *buf, size_t size);
 extern const char st_build_commit[]; // written at build time by cmake/build_commit.cmake
+extern const char st_build_version[];     // the release (CMakeLists.txt writes build_info.c)
+extern const char st_build_cuda_archs[];  // e.g. "sm_75, sm_86, sm_90"; empty without CUDA
+extern const char st_build_no_cuda_why[]; // why there is no CUDA backend; empty with one
 int st_cmd_tokenize(int argc, char **argv);   // cmd_tokenize.c
 int st_cmd_detokenize(int argc, char **argv); // cmd_tokenize.c
 int st_cmd_template(int argc, char **argv);   // cmd_template.c

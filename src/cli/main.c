@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "cli/cli.h"
 
 typedef struct cmd {
@@ -36,8 +37,20 @@ static void usage(FILE *f) {
     fprintf(f, "strata - run large Mixture-of-Experts models on ordinary PCs\n\n"
                "usage: strata <command> [options]\n\ncommands:\n");
     for (int i = 0; i < N_CMDS; i++) fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].summary);
+    fprintf(f, "  %-12s %s\n", "version", "the release, the commit and the backends this build has");
     fprintf(f, "  %-12s %s\n", "help", "this list, or `strata help <command>`");
     fprintf(f, "\n`strata <command> --help` describes a command's options.\n");
+}
+
+// `strata version`: what a bug report needs to name the build.
+static int version(void) {
+    printf("strata %s (commit %s)\n", st_build_version, st_build_commit);
+    if (st_cuda_available())
+        printf("CUDA backend: built for %s; `strata devices` lists the GPUs\n", st_build_cuda_archs);
+    else
+        printf("CUDA backend: not built (%s); the CPU backend runs everything\n",
+               st_build_no_cuda_why[0] ? st_build_no_cuda_why : "no CUDA compiler was found");
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -59,6 +72,7 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(name, "version") || !strcmp(name, "--version") || !strcmp(name, "-V")) return version();
     for (int i = 0; i < N_CMDS; i++)
         if (!strcmp(cmds[i].name, name)) return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "strata: unknown command '%s' (see `strata help`)\n", name);

@@ -108,3 +108,18 @@ def test_bad_input(model, args, msg):
     r = run(*[a.replace("{m}", str(model)) for a in args])
     assert r.returncode in (1, 2)
     assert msg in r.stderr
+
+
+def test_version_names_the_build():
+    project = (ROOT / "CMakeLists.txt").read_text()
+    release = project.split("project(strata VERSION ", 1)[1].split()[0]
+    outs = [run(flag) for flag in ("version", "--version", "-V")]
+    for r in outs:
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.decode().splitlines()
+        assert lines[0].startswith(f"strata {release} (commit ") and lines[0].endswith(")")
+        assert lines[1].startswith("CUDA backend: ")
+        # either the architectures built, or why there are none
+        assert "built for sm_" in lines[1] or "built for compute_" in lines[1] or "not built (" in lines[1]
+    assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+    assert b"version" in run("help").stdout
