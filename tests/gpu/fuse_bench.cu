@@ -1,25 +1,31 @@
 // fuse_bench: would one kernel for a decode row's routed experts (gate/up and down together, in
-// clusters) beat the two kernels Strata runs, at the Qwen3-30B-A3B shape? A skeleton of both, with
-// the real kernels' data movement (Q4_K rows of 1,152 bytes copied by the copy engine into shared
-// memory, 192 gate/up blocks, down rows of 432 bytes, the fixed-order combine of the 8 experts by
-// the last block of each row range) and stand-in arithmetic (a fold of the bytes, not Q4_K dot
-// products), so only the structure is measured:
-//   two     the gate/up kernel (192 blocks: 8 experts x 24 row tiles of 32 h values; writes h to
-//           global memory), then the down kernel (512 blocks of 4 warps: 8 experts x 64 tiles of
-//           32 output rows; each asks L2 for its 13.8 KB of rows before its wait, then reads h
-//           and its rows; the 8 blocks of a tile count in, the last sums them), as now
-//   fused   one kernel of 192 blocks in clusters of 8 (expert, chunk of 256 h values): each
-//           block copies its gate/up rows as above and loads its slice of the down matrix (the
-//           256 output rows x that chunk's 256 columns: 144 bytes a row, 432 apart) into
-//           registers at the same time; the cluster's 8 blocks hand their 32 h values to each
-//           other through shared memory (one cluster barrier), each block sums its 256 rows'
-//           products over the chunk and stores them, and the 24 blocks of (expert, chunk) that
-//           share a range of 256 output rows count in; the last sums them in fixed order
-//   fusedpk as fused, the down slice laid out contiguously (a repacked copy: 36 KiB a block)
-//           and copied by the copy engine into shared memory with the gate/up rows
-//   nodown  fused without the down slice's bytes (what the extra bytes cost the burst)
+// clusters) beat the two kernels Strata runs? A skeleton of both at the Qwen3-30B-A3B and
+// Qwen3-Next-80B-A3B shapes, with the real kernels' data movement (Q4_K rows of 1,152 bytes
+// copied by the copy engine into shared memory, 192 / 160 gate/up blocks, down rows of 432 / 288
+// bytes, the fixed-order combine of the experts by the last block of each row range, the real
+// kernels' registers held so the same blocks can be resident together) and stand-in arithmetic
+// (a fold of the bytes, not Q4_K dot products), so only the structure is measured:
+//   gu only  the gate/up kernel alone: a warp's 8 rows asked at once, or in four groups of two
+//            rows, each asked when the one before has landed (Strata's kernel)
+//   two      the gate/up kernel (8 experts x 24 row tiles of 32 h values; writes h to global
+//            memory), then the down kernel (4 warps a block, 32 / 64 output rows of one expert;
+//            each asks L2 for its rows before its wait, then reads h and its rows; the blocks of
+//            a row tile count in, the last sums them), as Strata runs them
+//   fused    one kernel of the gate/up blocks in clusters of 8 (expert, chunk of 256 h values):
+//            each block copies its gate/up rows and loads its slice of the down matrix (256
+//            output rows x the chunk's 256 columns: one 144-byte super-block a row) at the same
+//            time; the cluster's blocks hand each other their 32 h values through shared memory
+//            (one cluster barrier), each block sums its rows' products over the chunk, and the
+//            blocks of (expert, chunk) sharing a range of output rows count in; the last sums
+//            them in a fixed order. The down slice: into registers; repacked contiguously and
+//            copied by the copy engine; in the file's layout by cp.async (16 bytes, nine a
+//            thread); or not read at all (what the bytes cost). "ring3": the gate/up rows in a
+//            ring of three group buffers (55 KB instead of 74), so that with the down slice a
+//            block's shared memory still lets two blocks share a multiprocessor.
+//   cs16     (Next) clusters of 16, the non-portable size: one cluster holds a whole expert's h,
+//            each block sums 128 output rows over all columns, no per-chunk partials
 // A graph of L layers of each (PDL, each kernel waiting first), experts drawn at random from 6
-// layers' stacks (2 GB, cold in L2); the best of 10 replays, us a layer.
+// layers' stacks (cold in L2); the best of 10 replays, us a layer.
 //   nvcc -O3 -arch=sm_90 -o fuse_bench tests/gpu/fuse_bench.cu && ./fuse_bench [L]
 #include "bench_graph.cuh"
 #include <cstdint>
@@ -33,7 +39,6 @@ struct snext { static constexpr int NE = 512, TOPK = 10, HF = 512, RPB = 64; sta
 #define GROW 1152       // a gate/up row: Q4_K, 2,048 columns
 #define SB 144          // one Q4_K super-block (256 columns); a down row is HF / 256 of them
 #define STACK_LAYERS 6  // expert stacks the layers cycle through
-#define GU_SMEM (64 * GROW)
 
 __device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 __device__ __forceinline__ float as_f(unsigned u) { return __int_as_float((int)(u & 0x007fffffu) | 0x3f800000); }
@@ -104,21 +109,35 @@ template <int N> __device__ __forceinline__ void ballast(int n, float seed, floa
     sink[threadIdx.x] = s;
 }
 
+// Shared memory of a block's staged gate/up rows: all 64 (PIPE 0 and 4), or a ring of three
+// groups of two rows a warp (PIPE 3).
+__host__ __device__ constexpr int gu_smem(int pipe) { return (pipe == 3 ? 3 : 4) * 8 * 2 * GROW; }
+
 // A block's 32 gate and 32 up rows of expert e, tile t, into shared memory: warp w copies rows
-// 8w .. 8w + 7 (gate rows for w < 4, up rows after) and waits for them; returns the warp's four
-// h values' stand-in (lanes 0-3). With extra, warp 0 also copies xbytes from xsrc to xdst
-// (counted on xbar).
-template <class S>
-__device__ __forceinline__ float gate_up_rows(const layer_args &a, int e, int t, uint8_t *sm, unsigned bar,
+// 8w .. 8w + 7 (gate rows for w < 4, up rows after) and reads them; returns the warp's four h
+// values' stand-in (lanes 0-3). PIPE 0: the warp's 8 rows asked at once; 4: in four groups of
+// two rows, each asked when the one before has landed (as Strata's kernel does); 3: the same in
+// a ring of three group buffers. bars: 4 mbarriers a warp (this warp's at bars + 4 w). With extra,
+// warp 0 also copies xbytes from xsrc to xdst (counted on xbar).
+template <class S, int PIPE>
+__device__ __forceinline__ float gate_up_rows(const layer_args &a, int e, int t, uint8_t *sm, unsigned long long *bars,
                                               unsigned long long pol, bool extra, const uint8_t *xsrc, unsigned xbytes,
                                               uint8_t *xdst, unsigned xbar) {
+    constexpr int NS = PIPE == 0 ? 1 : PIPE, GR = PIPE == 0 ? 8 : 2, NG = 8 / GR; // slots, rows a group, groups
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const uint8_t *stack = w < 4 ? a.gate : a.up;
     const uint8_t *rows = stack + ((size_t)e * S::HF + (size_t)t * 32 + (w & 3) * 8) * GROW;
+    uint8_t *ws = sm + (size_t)w * (PIPE == 0 ? 8 : NS * GR) * GROW;
+    unsigned long long *wb = bars + 4 * w;
+    auto ask = [&](int g) {
+        unsigned bar = (unsigned)__cvta_generic_to_shared(&wb[g]);
+        bar_init(bar, GR * GROW);
+        for (int r = 0; r < GR; r++)
+            bulk((unsigned)__cvta_generic_to_shared(ws + ((g % NS) * GR + r) * GROW), rows + (g * GR + r) * GROW, GROW,
+                 bar, pol);
+    };
     if (lane == 0) {
-        bar_init(bar, 8 * GROW);
-        for (int r = 0; r < 8; r++)
-            bulk((unsigned)__cvta_generic_to_shared(sm + (w * 8 + r) * GROW), rows + r * GROW, GROW, bar, pol);
+        ask(0);
         if (extra && w == 0) {
             bar_init(xbar, xbytes);
             for (unsigned o = 0; o < xbytes; o += 9216)
@@ -126,24 +145,30 @@ __device__ __forceinline__ float gate_up_rows(const layer_args &a, int e, int t,
         }
     }
     __syncwarp();
-    bar_wait(bar);
-    const uint4 *s4 = (const uint4 *)(sm + w * 8 * GROW);
     unsigned f = 0;
-    for (int i = lane; i < 8 * GROW / 16; i += 32) f += fold(s4[i]);
+    for (int g = 0; g < NG; g++) {
+        bar_wait((unsigned)__cvta_generic_to_shared(&wb[g]));
+        if (lane == 0 && g + 1 < NG) { // (the ring's slot of group g - 2: read by every lane, below)
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            ask(g + 1);
+        }
+        const uint4 *s4 = (const uint4 *)(ws + (g % NS) * GR * GROW);
+        for (int i = lane; i < GR * GROW / 16; i += 32) f += fold(s4[i]);
+        __syncwarp();
+    }
     for (int o = 16; o > 0; o >>= 1) f += __shfl_xor_sync(0xffffffffu, f, o);
     return as_f(f + lane);
 }
 
 // ---- two kernels (as now) ----
-template <class S> __global__ void __launch_bounds__(256) k_gu(layer_args a) {
+template <class S, int PIPE> __global__ void __launch_bounds__(256) k_gu(layer_args a) {
     extern __shared__ __align__(128) uint8_t sm[];
-    __shared__ alignas(8) unsigned long long bars[8];
+    __shared__ alignas(8) unsigned long long bars[32];
     pdl_begin();
     constexpr int TT = S::HF / 32; // row tiles an expert
     const int slot = blockIdx.x / TT, t = blockIdx.x % TT, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int e = a.ids[slot];
-    float hv = gate_up_rows<S>(a, e, t, sm, (unsigned)__cvta_generic_to_shared(&bars[w]), evict_first(), false, NULL, 0,
-                               NULL, 0);
+    float hv = gate_up_rows<S, PIPE>(a, e, t, sm, bars, evict_first(), false, NULL, 0, NULL, 0);
     if (lane < 4) a.h[slot * S::HF + t * 32 + w * 4 + lane] = hv; // (the real kernel: swiglu of gate and up, quantized)
     ballast<116>(a.ballast, hv, a.y);
 }
@@ -194,9 +219,10 @@ template <class S> __global__ void __launch_bounds__(128) k_down(layer_args a) {
 // the copy engine; 2: no down bytes; 3: the file's layout, copied into shared memory with
 // cp.async (16 bytes, nine a thread). Block rank r of a cluster sums output rows r RB .. r RB +
 // RB - 1 (RB = DM / CS) over the chunk's columns, NCH super-blocks a row, a thread each.
-template <class S, int MODE, int CS> __global__ void __launch_bounds__(256) k_fused(layer_args a) {
+template <class S, int MODE, int CS, int PIPE> __global__ void __launch_bounds__(256) k_fused(layer_args a) {
     extern __shared__ __align__(128) uint8_t sm[];
-    __shared__ alignas(8) unsigned long long bars[9];
+    __shared__ alignas(8) unsigned long long bars[33];
+    constexpr int GU_SMEM = gu_smem(PIPE);
     constexpr int HC = CS * 32, NC = S::HF / HC, NCH = HC / 256, RB = DM / CS, DROW = S::HF / 256 * SB;
     static_assert(RB * NCH == 256, "a thread a super-block of the block's rows");
     __shared__ float hs[HC]; // the chunk's h values, from the cluster's blocks
@@ -223,14 +249,14 @@ template <class S, int MODE, int CS> __global__ void __launch_bounds__(256) k_fu
                          "l"(dr + j), "l"(pol));
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    float hv = gate_up_rows<S>(a, e, t, sm, (unsigned)__cvta_generic_to_shared(&bars[w]), pol, MODE == 1, dsrc, 256 * SB,
-                               sm + GU_SMEM, (unsigned)__cvta_generic_to_shared(&bars[8]));
+    float hv = gate_up_rows<S, PIPE>(a, e, t, sm, bars, pol, MODE == 1, dsrc, 256 * SB, sm + GU_SMEM,
+                                     (unsigned)__cvta_generic_to_shared(&bars[32]));
     cluster_wait(); // every block of the cluster has started
     if (lane < 4)
         for (unsigned r = 0; r < CS; r++) st_peer(&hs[rank * 32 + w * 4 + lane], r, hv);
     cluster_arrive();
     cluster_wait(); // hs complete in every block
-    if (MODE == 1) bar_wait((unsigned)__cvta_generic_to_shared(&bars[8]));
+    if (MODE == 1) bar_wait((unsigned)__cvta_generic_to_shared(&bars[32]));
     if (MODE == 3) asm volatile("cp.async.wait_all;" ::: "memory");
     if (MODE == 1 || MODE == 3) {
         const uint4 *s4 = MODE == 3 ? dsm : (const uint4 *)(sm + GU_SMEM) + threadIdx.x * 9;
@@ -286,9 +312,6 @@ static void launch(cudaStream_t st, void *fn, int grid, int block, size_t smem, 
     CK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
-enum { V_GU, V_TWO, V_FUSED, V_FUSEDPK, V_NODOWN, V_FUSEDCP, V_CS16PK, V_CS16CP, NV };
-static const char *vname[NV] = {"gu only", "two", "fused", "fusedpk", "nodown", "fusedcp", "cs16pk", "cs16cp"};
-
 template <class S> static void run(cudaStream_t st, int L) {
     constexpr int NC = S::HF / 256;
     const size_t gmat = (size_t)S::HF * GROW, dmat = (size_t)DM * NC * SB;
@@ -319,23 +342,39 @@ template <class S> static void run(cudaStream_t st, int L) {
         }
     CK(cudaMemcpy(ids, hid, sizeof(int) * S::TOPK * L, cudaMemcpyHostToDevice));
     free(hid);
-    CK(cudaFuncSetAttribute(k_gu<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, GU_SMEM));
-    CK(cudaFuncSetAttribute(k_fused<S, 0, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GU_SMEM));
-    CK(cudaFuncSetAttribute(k_fused<S, 1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GU_SMEM + 256 * SB));
-    CK(cudaFuncSetAttribute(k_fused<S, 2, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GU_SMEM));
-    CK(cudaFuncSetAttribute(k_fused<S, 3, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GU_SMEM + 256 * SB));
-    constexpr bool cs16 = S::HF % 512 == 0; // clusters of 16 (non-portable): one expert's h a cluster at the Next's 512
-    if (cs16)
-        for (void *k : {(void *)k_fused<S, 1, 16>, (void *)k_fused<S, 3, 16>}) {
-            CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, GU_SMEM + 256 * SB));
-            CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        }
+    // The variants: name, the first kernel, the down kernel (or NULL), its cluster size, the
+    // first kernel's shared memory, and whether the down bytes are read.
+    struct variant {
+        const char *name;
+        void *k1, *k2;
+        int cs;
+        int smem;
+        bool down;
+    };
+    constexpr int DS = 256 * SB; // a block's down slice
+    constexpr bool cs16 = S::HF % 512 == 0; // clusters of 16 (non-portable): a whole expert's h at the Next's 512
+    const variant vs[] = {
+        {"gu only (all rows asked at once)", (void *)k_gu<S, 0>, NULL, 1, gu_smem(0), false},
+        {"gu only (groups, one ahead)", (void *)k_gu<S, 4>, NULL, 1, gu_smem(4), false},
+        {"two (all at once)", (void *)k_gu<S, 0>, (void *)k_down<S>, 1, gu_smem(0), true},
+        {"two (groups, as Strata)", (void *)k_gu<S, 4>, (void *)k_down<S>, 1, gu_smem(4), true},
+        {"fused, down in registers", (void *)k_fused<S, 0, 8, 0>, NULL, 8, gu_smem(0), true},
+        {"fused, down repacked, bulk", (void *)k_fused<S, 1, 8, 0>, NULL, 8, gu_smem(0) + DS, true},
+        {"fused, no down bytes", (void *)k_fused<S, 2, 8, 0>, NULL, 8, gu_smem(0), false},
+        {"fused, down cp.async", (void *)k_fused<S, 3, 8, 0>, NULL, 8, gu_smem(0) + DS, true},
+        {"fused ring3, down repacked, bulk", (void *)k_fused<S, 1, 8, 3>, NULL, 8, gu_smem(3) + DS, true},
+        {"fused ring3, down cp.async", (void *)k_fused<S, 3, 8, 3>, NULL, 8, gu_smem(3) + DS, true},
+        {"cs16, down repacked, bulk", cs16 ? (void *)k_fused<S, 1, 16, 0> : NULL, NULL, 16, gu_smem(0) + DS, true},
+        {"cs16 ring3, down cp.async", cs16 ? (void *)k_fused<S, 3, 16, 3> : NULL, NULL, 16, gu_smem(3) + DS, true},
+    };
     const int gu_blocks = S::TOPK * S::HF / 32;
     printf("%s: %d layers a graph (%.1f MB of experts a layer; gate/up %d blocks, down %d), best of 10 replays\n",
            S::name, L, S::TOPK * (2 * gmat + dmat) / 1e6, gu_blocks, S::TOPK * DM / S::RPB);
-    printf("%-8s %9s %9s\n", "variant", "us/layer", "TB/s");
-    for (int v = 0; v < NV; v++) {
-        if ((v == V_CS16PK || v == V_CS16CP) && !cs16) continue;
+    printf("%-34s %7s %9s %6s\n", "variant", "smem KB", "us/layer", "TB/s");
+    for (const variant &v : vs) {
+        if (!v.k1) continue;
+        CK(cudaFuncSetAttribute(v.k1, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
+        if (v.cs > 8) CK(cudaFuncSetAttribute(v.k1, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         cudaGraph_t g;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         for (int l = 0; l < L; l++) {
@@ -343,21 +382,13 @@ template <class S> static void run(cudaStream_t st, int L) {
             layer_args a = {base, base + S::NE * gmat, base + 2 * S::NE * gmat, base + 2 * S::NE * gmat + S::NE * dmat,
                             ids + S::TOPK * l, h, part, y, counters, 0};
             void *args[] = {&a};
-            if (v == V_GU || v == V_TWO) launch(st, (void *)k_gu<S>, gu_blocks, 256, GU_SMEM, 1, args);
-            if (v == V_TWO) launch(st, (void *)k_down<S>, S::TOPK * DM / S::RPB, 128, 0, 1, args);
-            if (v == V_FUSED) launch(st, (void *)k_fused<S, 0, 8>, gu_blocks, 256, GU_SMEM, 8, args);
-            if (v == V_FUSEDPK) launch(st, (void *)k_fused<S, 1, 8>, gu_blocks, 256, GU_SMEM + 256 * SB, 8, args);
-            if (v == V_NODOWN) launch(st, (void *)k_fused<S, 2, 8>, gu_blocks, 256, GU_SMEM, 8, args);
-            if (v == V_FUSEDCP) launch(st, (void *)k_fused<S, 3, 8>, gu_blocks, 256, GU_SMEM + 256 * SB, 8, args);
-            if constexpr (cs16) {
-                if (v == V_CS16PK) launch(st, (void *)k_fused<S, 1, 16>, gu_blocks, 256, GU_SMEM + 256 * SB, 16, args);
-                if (v == V_CS16CP) launch(st, (void *)k_fused<S, 3, 16>, gu_blocks, 256, GU_SMEM + 256 * SB, 16, args);
-            }
+            launch(st, v.k1, gu_blocks, 256, v.smem, v.cs, args);
+            if (v.k2) launch(st, v.k2, S::TOPK * DM / S::RPB, 128, 0, 1, args);
         }
         CK(cudaStreamEndCapture(st, &g));
         float us = bench_replay_ms(st, g, 10) * 1000.0f / L;
-        double mb = S::TOPK * ((v == V_GU || v == V_NODOWN ? 0 : dmat) + 2 * gmat) / 1e6;
-        printf("%-8s %9.2f %9.2f\n", vname[v], us, mb / us);
+        double mb = S::TOPK * ((v.down ? dmat : 0) + 2 * gmat) / 1e6;
+        printf("%-34s %7.1f %9.2f %6.2f\n", v.name, v.smem / 1024.0, us, mb / us);
     }
     CK(cudaFree(w));
     CK(cudaFree(ids));
