@@ -28,12 +28,6 @@
 #define T 256
 #define SMEM_MAX (200 * 1024)
 
-__device__ __forceinline__ unsigned long long evict_first() {
-    unsigned long long pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
 __device__ __forceinline__ uint4 ld_ef(const uint4 *p, unsigned long long pol) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
@@ -41,8 +35,6 @@ __device__ __forceinline__ uint4 ld_ef(const uint4 *p, unsigned long long pol) {
                  : "l"(p), "l"(pol));
     return v;
 }
-
-__device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
 // The slice's words read with NF loads in flight a thread.
 template <int NF> __device__ __forceinline__ unsigned read_loads(const uint4 *w, int words, unsigned long long pol) {
@@ -84,30 +76,13 @@ __device__ __forceinline__ unsigned read_smem(const uint4 *s, int words) {
     return r;
 }
 
-// The copy engine: mbarrier bar (a shared address) set up for one arrival, then this thread's
-// arrival expecting n16 16-byte words; copies of `piece` words from src into shared dst.
-__device__ __forceinline__ void bulk_start(unsigned bar, int n16) {
-    asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(n16 * 16) : "memory");
-}
+// Copies of `piece` 16-byte words at a time, n16 words from src into shared dst, counted on bar.
 __device__ __forceinline__ void bulk_copy(unsigned dst, const uint4 *src, int n16, int piece, unsigned bar,
                                           unsigned long long pol) {
     for (int o = 0; o < n16; o += piece) {
         int n = n16 - o < piece ? n16 - o : piece;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
-                     "[%3], %4;" ::"r"(dst + 16 * o),
-                     "l"(src + o), "r"(n * 16), "r"(bar), "l"(pol)
-                     : "memory");
+        bulk(dst + 16 * o, src + o, n * 16, bar, pol);
     }
-}
-__device__ __forceinline__ void bulk_wait(unsigned bar) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar)
-                     : "memory");
 }
 
 enum { V_EMPTY, V_LOADS, V_LOADS32, V_BULKPF, V_LINEPF, V_CPASYNC, V_BULKCP, V_BULKROWS, NV };
@@ -120,8 +95,7 @@ static const char *vname[NV] = {"empty", "loads", "loads32", "bulkpf", "linepf",
 template <int V>
 __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned *out, const long long *segs) {
     extern __shared__ uint4 sm[];
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" :::);
+    pdl_begin();
     const uint4 *mw = w + (size_t)blockIdx.x * words;
     if (segs) {
         const uint4 *a = w + segs[2 * blockIdx.x], *b = w + segs[2 * blockIdx.x + 1];
@@ -131,12 +105,12 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
             int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = words / 2 / 4;
             unsigned bb = (unsigned)__cvta_generic_to_shared(&bar[warp]);
             if (lane == 0) {
-                bulk_start(bb, per);
+                mbar_init(bb, per * 16);
                 bulk_copy((unsigned)__cvta_generic_to_shared(sm + warp * per), (warp < 4 ? a : b) + (warp & 3) * per, per,
                           per, bb, pol);
             }
             __syncwarp();
-            bulk_wait(bb);
+            mbar_wait(bb);
             unsigned s = 0;
             for (int i = lane; i < per; i += 32) s += fold(sm[warp * per + i]);
             if (s == 0x12345678u) out[blockIdx.x] = s;
@@ -177,11 +151,11 @@ __global__ void __launch_bounds__(T) k_burst(const uint4 *w, int words, unsigned
     if (V == V_BULKCP || V == V_BULKROWS) {
         __shared__ alignas(8) unsigned long long bar[8];
         unsigned b = (unsigned)__cvta_generic_to_shared(&bar[warp]);
-        if (lane == 0) bulk_start(b, wn > 0 ? wn : 0);
+        if (lane == 0) mbar_init(b, wn > 0 ? wn * 16 : 0);
         __syncwarp();
         if (lane == 0 && wn > 0) // (V_BULKROWS: copies of 72 words, 1,152 bytes)
             bulk_copy((unsigned)__cvta_generic_to_shared(sm + w0), mw + w0, wn, V == V_BULKROWS ? 72 : wn, b, pol);
-        if (wn > 0) bulk_wait(b);
+        if (wn > 0) mbar_wait(b);
         for (int i = lane; i < wn; i += 32) s += fold(sm[w0 + i]);
     }
     if (s == 0x12345678u) out[blockIdx.x] = s; // (keeps the reads)

@@ -40,33 +40,7 @@ struct snext { static constexpr int NE = 512, TOPK = 10, HF = 512, RPB = 64; sta
 #define SB 144          // one Q4_K super-block (256 columns); a down row is HF / 256 of them
 #define STACK_LAYERS 6  // expert stacks the layers cycle through
 
-__device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 __device__ __forceinline__ float as_f(unsigned u) { return __int_as_float((int)(u & 0x007fffffu) | 0x3f800000); }
-
-__device__ __forceinline__ void pdl_begin() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-}
-__device__ __forceinline__ unsigned long long evict_first() {
-    unsigned long long pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-__device__ __forceinline__ void bar_init(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk(unsigned dst, const void *src, unsigned bytes, unsigned bar, unsigned long long pol) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
-}
-__device__ __forceinline__ void bar_wait(unsigned bar) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(bar) : "memory");
-}
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -131,7 +105,7 @@ __device__ __forceinline__ float gate_up_rows(const layer_args &a, int e, int t,
     unsigned long long *wb = bars + 4 * w;
     auto ask = [&](int g) {
         unsigned bar = (unsigned)__cvta_generic_to_shared(&wb[g]);
-        bar_init(bar, GR * GROW);
+        mbar_init(bar, GR * GROW);
         for (int r = 0; r < GR; r++)
             bulk((unsigned)__cvta_generic_to_shared(ws + ((g % NS) * GR + r) * GROW), rows + (g * GR + r) * GROW, GROW,
                  bar, pol);
@@ -139,7 +113,7 @@ __device__ __forceinline__ float gate_up_rows(const layer_args &a, int e, int t,
     if (lane == 0) {
         ask(0);
         if (extra && w == 0) {
-            bar_init(xbar, xbytes);
+            mbar_init(xbar, xbytes);
             for (unsigned o = 0; o < xbytes; o += 9216)
                 bulk((unsigned)__cvta_generic_to_shared(xdst + o), xsrc + o, xbytes - o < 9216 ? xbytes - o : 9216, xbar, pol);
         }
@@ -147,7 +121,7 @@ __device__ __forceinline__ float gate_up_rows(const layer_args &a, int e, int t,
     __syncwarp();
     unsigned f = 0;
     for (int g = 0; g < NG; g++) {
-        bar_wait((unsigned)__cvta_generic_to_shared(&wb[g]));
+        mbar_wait((unsigned)__cvta_generic_to_shared(&wb[g]));
         if (lane == 0 && g + 1 < NG) { // (the ring's slot of group g - 2: read by every lane, below)
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             ask(g + 1);
@@ -256,7 +230,7 @@ template <class S, int MODE, int CS, int PIPE> __global__ void __launch_bounds__
         for (unsigned r = 0; r < CS; r++) st_peer(&hs[rank * 32 + w * 4 + lane], r, hv);
     cluster_arrive();
     cluster_wait(); // hs complete in every block
-    if (MODE == 1) bar_wait((unsigned)__cvta_generic_to_shared(&bars[32]));
+    if (MODE == 1) mbar_wait((unsigned)__cvta_generic_to_shared(&bars[32]));
     if (MODE == 3) asm volatile("cp.async.wait_all;" ::: "memory");
     if (MODE == 1 || MODE == 3) {
         const uint4 *s4 = MODE == 3 ? dsm : (const uint4 *)(sm + GU_SMEM) + threadIdx.x * 9;
