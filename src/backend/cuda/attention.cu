@@ -877,7 +877,8 @@ static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), int> attn_cluster_size(st_cuda *c
     st_allow_smem(c, plain, smem);
     if (p->gate) st_allow_smem(c, attn_kernel<EPL, QPW, true, true>, smem);
     if (nsc > 256 ||
-        !st_cluster_fits(c, plain, cs, dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32, smem))
+        !st_cluster_fits(c, plain, dim3(1, cs), dim3((unsigned)qt, (unsigned)nsc, (unsigned)n_head_kv), ATTN_WARPS * 32,
+                         smem))
         return 1;
     *ns = nsc;
     *csmem = smem;
@@ -892,7 +893,7 @@ template <int EPL, int QPW>
 static std::enable_if_t<ATTN_CLUSTER_EPL(EPL), bool> attn_launch_clusters(st_cuda *c, attn_params *p, dim3 grid,
                                                                           size_t smem) {
     void (*k)(attn_params) = p->gate ? attn_kernel<EPL, QPW, true, true> : attn_kernel<EPL, QPW, true, false>;
-    st_launch_cluster(c, p->cs, k, grid, ATTN_WARPS * 32, smem, *p);
+    st_launch_cluster(c, dim3(1, p->cs), k, grid, ATTN_WARPS * 32, smem, *p);
     return true;
 }
 template <int EPL, int QPW>

@@ -190,9 +190,10 @@ bool st_cluster_on(void) {
     return on == 1;
 }
 
-int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max) {
+int st_cluster_known(int device, const void *k, dim3 cluster, unsigned block, size_t smem, int max) {
     static struct {
-        int device, cluster_y, max;
+        int device, max;
+        dim3 cluster;
         const void *k;
         unsigned block;
         size_t smem;
@@ -202,11 +203,12 @@ int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, s
     pthread_mutex_lock(&lock);
     int r = max;
     for (int i = 0; i < n_seen && r < 0; i++)
-        if (seen[i].device == device && seen[i].k == k && seen[i].cluster_y == cluster_y && seen[i].block == block &&
+        if (seen[i].device == device && seen[i].k == k && seen[i].cluster.x == cluster.x &&
+            seen[i].cluster.y == cluster.y && seen[i].cluster.z == cluster.z && seen[i].block == block &&
             seen[i].smem == smem)
             r = seen[i].max;
     if (max >= 0 && n_seen < 256) {
-        seen[n_seen].device = device, seen[n_seen].k = k, seen[n_seen].cluster_y = cluster_y;
+        seen[n_seen].device = device, seen[n_seen].k = k, seen[n_seen].cluster = cluster;
         seen[n_seen].block = block, seen[n_seen].smem = smem, seen[n_seen++].max = max;
     }
     pthread_mutex_unlock(&lock);

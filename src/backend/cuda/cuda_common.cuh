@@ -610,8 +610,8 @@ template <typename T> static inline T st_arg(T v) { return v; }
 // st_launch_on: on stream s, with programmatic dependent launch when pdl (the side stream's
 // kernels follow an event, not a kernel, and take none).
 // A launch's configuration: with programmatic dependent launch when pdl, and in clusters of
-// cluster_y blocks along y when cluster_y > 1 (st_cluster_fits).
-static inline cudaLaunchConfig_t st_launch_cfg(cudaStream_t s, bool pdl, int cluster_y, dim3 grid, dim3 block,
+// that shape when it holds more than one block (st_cluster_fits).
+static inline cudaLaunchConfig_t st_launch_cfg(cudaStream_t s, bool pdl, dim3 cluster, dim3 grid, dim3 block,
                                                size_t smem, cudaLaunchAttribute *attr) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -623,36 +623,36 @@ static inline cudaLaunchConfig_t st_launch_cfg(cudaStream_t s, bool pdl, int clu
         attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (cluster_y > 1) {
+    if (cluster.x * cluster.y * cluster.z > 1) {
         attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        attr[cfg.numAttrs].val.clusterDim.x = 1;
-        attr[cfg.numAttrs].val.clusterDim.y = (unsigned)cluster_y;
-        attr[cfg.numAttrs++].val.clusterDim.z = 1;
+        attr[cfg.numAttrs].val.clusterDim.x = cluster.x;
+        attr[cfg.numAttrs].val.clusterDim.y = cluster.y;
+        attr[cfg.numAttrs++].val.clusterDim.z = cluster.z;
     }
     return cfg;
 }
 template <typename... P, typename... A>
-static inline void st_launch_ex(st_cuda *c, cudaStream_t s, bool pdl, int cluster_y, void (*k)(P...), dim3 grid,
+static inline void st_launch_ex(st_cuda *c, cudaStream_t s, bool pdl, dim3 cluster, void (*k)(P...), dim3 grid,
                                 dim3 block, size_t smem, A... args) {
     cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = st_launch_cfg(s, pdl, cluster_y, grid, block, smem, attr);
+    cudaLaunchConfig_t cfg = st_launch_cfg(s, pdl, cluster, grid, block, smem, attr);
     ST_CU(c, cudaLaunchKernelEx(&cfg, k, st_arg<P>(args)...));
     if (c->trace && s == c->stream) st_cuda_trace_launch(c, (const void *)k, grid, block, smem);
 }
 template <typename... P, typename... A>
 static inline void st_launch_on(st_cuda *c, cudaStream_t s, bool pdl, void (*k)(P...), dim3 grid, dim3 block,
                                 size_t smem, A... args) {
-    st_launch_ex(c, s, pdl, 1, k, grid, block, smem, args...);
+    st_launch_ex(c, s, pdl, dim3(1), k, grid, block, smem, args...);
 }
 template <typename... P, typename... A>
 static inline void st_launch(st_cuda *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
     st_launch_on(c, c->stream, c->pdl, k, grid, block, smem, args...);
 }
-// st_launch in clusters of cluster_y blocks along y (grid.y a multiple of it; st_cluster_fits).
+// st_launch in clusters of that shape (the grid a multiple of it; st_cluster_fits).
 template <typename... P, typename... A>
-static inline void st_launch_cluster(st_cuda *c, int cluster_y, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+static inline void st_launch_cluster(st_cuda *c, dim3 cluster, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
                                      A... args) {
-    st_launch_ex(c, c->stream, c->pdl, cluster_y, k, grid, block, smem, args...);
+    st_launch_ex(c, c->stream, c->pdl, cluster, k, grid, block, smem, args...);
 }
 
 // Thread block clusters (sm_90 and newer): the blocks of a cluster are resident together and
@@ -662,7 +662,7 @@ static inline void st_launch_cluster(st_cuda *c, int cluster_y, void (*k)(P...),
 // an atomic and reading back by the last block (H200, 2026-12-01: 30B-A3B decode +5%).
 // st_cluster_on: false with STRATA_CLUSTER=0 (the counting path everywhere, as on GPUs before
 // sm_90: for tests and A/B runs). st_cluster_fits: whether kernel k can run in clusters of
-// cluster_y blocks along y of this grid with every cluster resident at once (sizes over 8 need
+// that shape (e.g. dim3(1, 4): four blocks along y) with every cluster resident at once (sizes over 8 need
 // the non-portable opt-in, allowed up to 16 on Hopper). A grid whose clusters would run in two
 // waves counts in instead: the Next-80B-A3B's 64 clusters of 10 down blocks did not fit at once,
 // and the second wave cost that kernel 4 us (decode -5%).
@@ -671,12 +671,12 @@ bool st_cluster_on(void);
 // asked of the runtime once (windows that run eagerly launch these kernels every step): with
 // max >= 0 it is recorded; returns the recorded value, or -1 if none. Clusters of one block are
 // single blocks (st_one_wave).
-int st_cluster_known(int device, const void *k, int cluster_y, unsigned block, size_t smem, int max);
+int st_cluster_known(int device, const void *k, dim3 cluster, unsigned block, size_t smem, int max);
 // How many blocks of kernel k (threads each, smem bytes of dynamic shared memory) are resident
 // at once on the card: 0 where a block cannot take smem bytes at all. Lets the kernel take them;
 // asked of the runtime once (st_cluster_known).
 template <typename... P> static inline int st_resident_blocks(st_cuda *c, void (*k)(P...), unsigned threads, size_t smem) {
-    int n = st_cluster_known(c->device, (const void *)k, 1, threads, smem, -1);
+    int n = st_cluster_known(c->device, (const void *)k, dim3(1), threads, smem, -1);
     if (n < 0) {
         cudaFuncAttributes fa;
         int per_sm = 0;
@@ -688,7 +688,7 @@ template <typename... P> static inline int st_resident_blocks(st_cuda *c, void (
                 cudaGetLastError(), per_sm = 0;
         }
         n = per_sm * c->prop.multiProcessorCount;
-        st_cluster_known(c->device, (const void *)k, 1, threads, smem, n);
+        st_cluster_known(c->device, (const void *)k, dim3(1), threads, smem, n);
     }
     return n;
 }
@@ -699,21 +699,24 @@ static inline bool st_one_wave(st_cuda *c, void (*k)(P...), unsigned long blocks
     return n > 0 && blocks <= (unsigned long)n;
 }
 template <typename... P>
-static inline bool st_cluster_fits(st_cuda *c, void (*k)(P...), int cluster_y, dim3 grid, dim3 block, size_t smem) {
-    if (!st_cluster_on() || c->prop.major < 9 || cluster_y < 2 || cluster_y > 16 || grid.y % cluster_y) return false;
+static inline bool st_cluster_fits(st_cuda *c, void (*k)(P...), dim3 cluster, dim3 grid, dim3 block, size_t smem) {
+    unsigned size = cluster.x * cluster.y * cluster.z;
+    if (!st_cluster_on() || c->prop.major < 9 || size < 2 || size > 16 || grid.x % cluster.x || grid.y % cluster.y ||
+        grid.z % cluster.z)
+        return false;
     unsigned threads = block.x * block.y * block.z;
-    long clusters = (long)grid.x * grid.y * grid.z / cluster_y;
-    int n = st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, -1);
+    long clusters = (long)grid.x * grid.y * grid.z / size;
+    int n = st_cluster_known(c->device, (const void *)k, cluster, threads, smem, -1);
     if (n < 0) {
         n = 0;
-        if (cluster_y > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+        if (size > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
             cudaGetLastError();
         } else {
             cudaLaunchAttribute attr[2];
-            cudaLaunchConfig_t cfg = st_launch_cfg(c->stream, false, cluster_y, grid, block, smem, attr);
+            cudaLaunchConfig_t cfg = st_launch_cfg(c->stream, false, cluster, grid, block, smem, attr);
             if (cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg) != cudaSuccess) cudaGetLastError(), n = 0;
         }
-        st_cluster_known(c->device, (const void *)k, cluster_y, threads, smem, n);
+        st_cluster_known(c->device, (const void *)k, cluster, threads, smem, n);
     }
     return n > 0 && clusters <= n;
 }

@@ -280,10 +280,10 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
     // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
     // the r heads of a key head.
     bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&
-                   (r == 1 || st_cluster_fits(c, deltanet_head_kernel<true>, r, grid, DN_WARPS * 32, 0));
+                   (r == 1 || st_cluster_fits(c, deltanet_head_kernel<true>, dim3(1, r), grid, DN_WARPS * 32, 0));
     if (conv_in) {
         if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
-        else st_launch_cluster(c, r, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
+        else st_launch_cluster(c, dim3(1, r), deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
     } else {
         st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
                            .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
