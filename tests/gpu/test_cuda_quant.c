@@ -696,6 +696,26 @@ static void test_moe(void **state) {
     unsetenv("STRATA_CUQ_OLD");
 }
 
+// Random stacks of E gate and up (F x d) and down (d x F) matrices of type t on the device: random
+// blocks, as the experts' paths are compared with each other (the Next-80B-A3B shape's 1.6
+// billion weights would take minutes to quantize).
+typedef struct {
+    st_mat3 gate, up, down;
+} moe_stacks;
+static moe_stacks moe_stacks_make(st_type t, int E, int d, int F) {
+    moe_stacks s = {stack(t, F, d, E, NULL), stack(t, F, d, E, NULL), stack(t, d, F, E, NULL)};
+    st_mat3 *m[3] = {&s.gate, &s.up, &s.down};
+    for (int i = 0; i < 3; i++) {
+        uint8_t *w = make_weights(t, (int64_t)E * m[i]->rows, m[i]->cols, true);
+        m[i]->data = dev_put(w, m[i]->mat_bytes * E);
+        free(w);
+    }
+    return s;
+}
+static void moe_stacks_free(moe_stacks *s) {
+    dev_free((void *)s->gate.data), dev_free((void *)s->up.data), dev_free((void *)s->down.data);
+}
+
 // The moe op given the router's logits (it routes itself; one row folds the routing into the
 // gate/up kernel) against the router op then the moe op given the ids: the same ids, weights
 // and outputs bit for bit, with a slot map and counts as the whole-card layers use them, on
@@ -723,14 +743,8 @@ static const char *const fold_names[FOLD_NV] = {
     "logits + gated, rows through L2", "logits + gated, x quantized first"};
 
 static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int F) {
-    // (random blocks: the paths are compared with each other, and the Next-80B-A3B shape's
-    // 1.6 billion weights would take minutes to quantize)
-    uint8_t *g = make_weights(t, (int64_t)E * F, d, true), *u = make_weights(t, (int64_t)E * F, d, true),
-            *dn = make_weights(t, (int64_t)E * d, F, true);
-    st_mat3 gg = stack(t, F, d, E, NULL), ug = stack(t, F, d, E, NULL), dg = stack(t, d, F, E, NULL);
-    gg.data = dev_put(g, gg.mat_bytes * E);
-    ug.data = dev_put(u, ug.mat_bytes * E);
-    dg.data = dev_put(dn, dg.mat_bytes * E);
+    moe_stacks st = moe_stacks_make(t, E, d, F);
+    st_mat3 gg = st.gate, ug = st.up, dg = st.down;
     float *x = rand_normal((size_t)n * d, 1.0f), *lg = rand_normal((size_t)n * E, 2.0f);
     float *so = rand_normal((size_t)n * d, 1.0f), *ss = rand_normal((size_t)n, 2.0f);
     for (int i = 0; i < n * E; i++) lg[i] = roundf(lg[i] * 4.0f) / 4.0f; // ties
@@ -796,9 +810,9 @@ static void moe_fold_run(int E, int k, int n, st_type t, bool holes, int d, int 
         dev_free(ids[v]), dev_free(w[v]), dev_free(y[v]), dev_free(cnt[v]);
         free(hi[v]), free(hw[v]), free(hy[v]), free(hc[v]);
     }
-    dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
+    moe_stacks_free(&st);
     dev_free(xd), dev_free(ld), dev_free(mapd), dev_free(sod), dev_free(ssd);
-    free(g), free(u), free(dn), free(x), free(lg), free(map), free(so), free(ss), free(hint);
+    free(x), free(lg), free(map), free(so), free(ss), free(hint);
 }
 
 static void test_moe_fold(void **state) {
@@ -828,13 +842,8 @@ static void test_moe_fold(void **state) {
 // after the kernel; the others in the down kernel's combine).
 enum { FUSED, FUSED_TWO, FUSED_WINDOW, FUSED_NV };
 static void moe_fused_run(int E, int k, int d, int F, bool holes, bool gated) {
-    const st_type t = ST_TYPE_Q4_K;
-    uint8_t *g = make_weights(t, (int64_t)E * F, d, true), *u = make_weights(t, (int64_t)E * F, d, true),
-            *dn = make_weights(t, (int64_t)E * d, F, true);
-    st_mat3 gg = stack(t, F, d, E, NULL), ug = stack(t, F, d, E, NULL), dg = stack(t, d, F, E, NULL);
-    gg.data = dev_put(g, gg.mat_bytes * E);
-    ug.data = dev_put(u, ug.mat_bytes * E);
-    dg.data = dev_put(dn, dg.mat_bytes * E);
+    moe_stacks st = moe_stacks_make(ST_TYPE_Q4_K, E, d, F);
+    st_mat3 gg = st.gate, ug = st.up, dg = st.down;
     const int nw = 3; // the window's rows
     float *x = rand_normal((size_t)nw * d, 1.0f), *lg = rand_normal((size_t)nw * E, 2.0f);
     float *y0 = rand_normal((size_t)nw * d, 1.0f);
@@ -892,9 +901,9 @@ static void moe_fused_run(int E, int k, int d, int F, bool holes, bool gated) {
         dev_free(ids[v]), dev_free(w[v]), dev_free(y[v]), dev_free(cnt[v]);
         free(hi[v]), free(hw[v]), free(hy[v]), free(hc[v]);
     }
-    dev_free((void *)gg.data), dev_free((void *)ug.data), dev_free((void *)dg.data);
+    moe_stacks_free(&st);
     dev_free(xd), dev_free(ld), dev_free(mapd), dev_free(sod), dev_free(ssd);
-    free(g), free(u), free(dn), free(x), free(lg), free(y0), free(map), free(so), free(ss);
+    free(x), free(lg), free(y0), free(map), free(so), free(ss);
 }
 
 static void test_moe_fused(void **state) {
