@@ -49,9 +49,6 @@ static bool quant_tables_ready[ST_CUQ_MAX_DEV];
 // Weights are streamed with an evict-first L2 policy (st_l2_evict_first); STRATA_L2_HINT=0 turns
 // it off for comparisons. Read once per device with the tables.
 static __constant__ int cuq_l2_hint;
-// The experts' down rows summed by super-block (moe2_rows); STRATA_MOE_SB=0: by lane, as before
-// (for A/B runs). Read once per device with the tables.
-static __constant__ int cuq_sb_order;
 
 static bool quant_tables(st_cuda *c) {
     if (c->device < 0 || c->device >= ST_CUQ_MAX_DEV) {
@@ -68,9 +65,6 @@ static bool quant_tables(st_cuda *c) {
     static int hint; // (static: the copy below is asynchronous from pageable memory)
     hint = !env_is_0("STRATA_L2_HINT");
     ST_CU(c, cudaMemcpyToSymbolAsync(cuq_l2_hint, &hint, sizeof hint, 0, cudaMemcpyHostToDevice, c->stream));
-    static int sb_order;
-    sb_order = !env_is_0("STRATA_MOE_SB");
-    ST_CU(c, cudaMemcpyToSymbolAsync(cuq_sb_order, &sb_order, sizeof sb_order, 0, cudaMemcpyHostToDevice, c->stream));
     // Copied on first use: an op's first call is never recorded into a graph (cuda.cu runs a
     // window's work eagerly before recording it), so this never runs inside a capture.
     ST_CU(c, cudaMemcpyToSymbolAsync(st_dq_iq2xxs, st_iq2xxs_grid, sizeof st_iq2xxs_grid, 0, cudaMemcpyHostToDevice, c->stream));
@@ -1882,12 +1876,6 @@ struct st_moe2_args {
     // landed, before that one's products, so its flight overlaps them (STRATA_MOE_ASK_LANDED=0:
     // after them).
     bool ask_landed;
-    // The fused kernel only (moe2_fused_kernel): expert 0 of the down stack (Q4_K, p.cols rows of
-    // p.rows columns), its row and matrix bytes, and part (k, p.rows / 256, p.cols): each slot's
-    // down rows summed over one super-block of their columns, as moe2_rows' sum adds them.
-    const uint8_t *wd;
-    size_t d_row_bytes, d_mat;
-    float *part;
 };
 
 // Row tiles of the down kernel's combine: zero at load; the last block of a tile puts its
@@ -2025,11 +2013,6 @@ __device__ __forceinline__ unsigned long long *moe2_stage_bars() {
     return bars + (threadIdx.x >> 5) * ST_MOE2_STAGES;
 }
 
-// The fused kernel's clusters: ST_MOE2_FUSE row tiles of 32 h values (one Q4_K super-block of
-// the down rows' columns); block rank r of a cluster sums down rows r · d / ST_MOE2_FUSE ..
-#define ST_MOE2_FUSE 8
-#define ST_MOE2_FUSE_SB 144 // a Q4_K super-block's bytes
-
 #if defined(ST_CLUSTERS)
 // Lane 0 of a staged gate/up warp asks the copy engine for its rows of group g (rows g·RG ..,
 // moe2_row_ptr's order) into tile, counted on the warp's mbarrier g.
@@ -2044,7 +2027,6 @@ __device__ __forceinline__ void moe2_bulk_group(const st_moe2_args &p, int ex, u
         st_bulk_copy(tile + i * p.g_row_bytes, moe2_row_ptr<true, P, W, false>(p, ex, 1, 0, i), (unsigned)p.g_row_bytes,
                      bar, pol);
 }
-
 #endif
 
 // Where p.stage puts warp w's 2P gate and up rows (moe2_row_ptr's order) in the dynamic shared
@@ -2228,16 +2210,7 @@ __device__ __forceinline__ void moe2_rows(const st_moe2_args &p, int e, int m, c
 #endif
                 }
             }
-            // Down rows of whole super-blocks of 256 columns, up to one a lane group (SL = 4 on
-            // whole-warp rows, 2 on half-warp rows): lane l takes chunk 8 (l % SL) + l / SL of
-            // super-block l % SL, so the sum's first three steps add each super-block's eight
-            // chunks (in the same tree on both kinds of rows) and the last ones the super-blocks:
-            // (S0 + S2) + (S1 + S3) on whole-warp rows, S0 + S1 on half-warp rows (equal where
-            // S2 = S3 = 0). Per-super-block partials reproduce it (moe2_fused_rows).
-            constexpr int SL = CL / 8;
-            const bool by_sb = !GATE && nchunk % 8 == 0 && nchunk <= CL && cuq_sb_order;
-            const int c0 = !by_sb ? lc : lc % SL < nchunk / 8 ? lc % SL * 8 + lc / SL : nchunk;
-            for (int c = c0; c < nchunk && !(GATE && NX == 1 && staged); c += CL) {
+            for (int c = lc; c < nchunk && !(GATE && NX == 1 && staged); c += CL) {
                 st_wchunk w[R];
 #pragma unroll
                 for (int i = 0; i < R; i++) st_qt<T>::unpack(wr[i], c, w[i]);
@@ -2519,145 +2492,6 @@ template <int T, bool GATE, int P>
 __global__ void __launch_bounds__(32 * ST_MOE2_WARPS, 2) moe2_cap2_kernel(st_moe2_args p) {
     moe2_body<T, 1, GATE, P, ST_MOE2_WARPS>(p);
 }
-// The routed experts of one decode row in one kernel (sm_90; Q4_K gate, up and down): the gate/up
-// grid (row tiles of 32 h values x the k slots) in clusters of ST_MOE2_FUSE consecutive row tiles
-// of a slot, 256 h values, one super-block of the down rows' columns. Each block routes and
-// computes its 32 h values as moe2_kernel does, having asked L2 for its share of the down rows
-// it will read (moe2_fused_ask_down); it quantizes its h values and stores them into every
-// block of its cluster. Block rank r then sums down rows r · d / 8 .. over the cluster's
-// super-block (moe2_fused_rows), and the k · F / 256 blocks of rank r count in; the last weights
-// and adds them into y with the down kernel's arithmetic and order: the windows' bits (moe2_rows
-// sums a down row by super-block). One launch, no boundary between two kernels.
-#if defined(ST_CLUSTERS)
-// Block (r, chunk c, slot u) asks L2 (thread 0, the copy engine, evict-first) for part c of the
-// F / 256 parts of expert ex's down rows r · d / 8 .. (contiguous): the blocks of (u, r) together
-// ask for those rows whole, each the same share, while the gate/up rows stream.
-__device__ __forceinline__ void moe2_fused_ask_down(const st_moe2_args &p, int ex) {
-    const int rows = p.cols / ST_MOE2_FUSE, nsb = p.rows / 256;
-    const size_t bytes = (size_t)rows * p.d_row_bytes, part = (bytes / nsb + 127) & ~(size_t)127;
-    const size_t o = part * (blockIdx.x / ST_MOE2_FUSE);
-    const uint8_t *r0 = p.wd + (size_t)ex * p.d_mat + (size_t)(blockIdx.x % ST_MOE2_FUSE) * bytes;
-    if (o < bytes) prefetch_l2_stream(r0 + o, bytes - o < part ? bytes - o : part);
-}
-
-// Warp w's d / 64 down rows of expert ex over the cluster's super-block, with its h values
-// quantized (hq: split layout, 128 | 128 bytes; hds): lane l takes row l % 4 of each four and
-// chunk l / 4, so the three steps of the sum (xor 16, 8, 4) are moe2_rows' first three on a
-// whole-warp row summed by super-block: the same bits. Into p.part.
-__device__ __forceinline__ void moe2_fused_rows(const st_moe2_args &p, int ex, const int8_t *hq, const float2 *hds) {
-    constexpr int T = ST_TYPE_Q4_K;
-    const int lane = threadIdx.x & 31, j = lane >> 2, rw = p.cols / 64, nsb = p.rows / 256;
-    const int c = blockIdx.x / ST_MOE2_FUSE;
-    const int64_t r0 = (int64_t)(blockIdx.x % ST_MOE2_FUSE) * (p.cols / ST_MOE2_FUSE) + (threadIdx.x >> 5) * rw;
-    const uint8_t *rows = p.wd + (size_t)ex * p.d_mat + (size_t)r0 * p.d_row_bytes + (size_t)c * ST_MOE2_FUSE_SB;
-    const int4 x0 = *(const int4 *)(hq + j * 16), x1 = *(const int4 *)(hq + 128 + j * 16);
-    const float2 ds = hds[j];
-    float *out = p.part + ((size_t)blockIdx.y * nsb + c) * p.cols + r0;
-#pragma unroll 8
-    for (int i0 = 0; i0 < rw; i0 += 4) {
-        const int i = i0 + (lane & 3);
-        st_wchunk w;
-        st_qt<T>::unpack(rows + (size_t)i * p.d_row_bytes, j, w); // (chunk j of the row's super-block c)
-        float a = 0.0f;
-        a += chunk_dot_x<T>(w, x0, x1, ds);
-        a += __shfl_xor_sync(0xffffffffu, a, 16);
-        a += __shfl_xor_sync(0xffffffffu, a, 8);
-        a += __shfl_xor_sync(0xffffffffu, a, 4);
-        if (lane < 4) out[i] = a;
-    }
-}
-#endif
-
-template <int P> __global__ void __launch_bounds__(32 * ST_MOE2_WARPS, 2) moe2_fused_kernel(st_moe2_args p) {
-#if defined(ST_CLUSTERS)
-    constexpr int T = ST_TYPE_Q4_K, W = ST_MOE2_WARPS;
-    __shared__ int s_asg[ST_CUQ_PLAN_MAX];
-    __shared__ st_route_smem rs;
-    extern __shared__ __align__(16) uint8_t moe2_smem[];
-    __shared__ __align__(16) float s_h[32];                  // this block's h values
-    __shared__ __align__(16) int8_t s_hq[ST_MOE2_FUSE * 32]; // the cluster's, quantized
-    __shared__ float2 s_hds[ST_MOE2_FUSE];
-    __shared__ int32_t s_ids[ST_ROUTE_FOLD_MAX_K];
-    __shared__ float s_w[ST_ROUTE_FOLD_MAX_K];
-    __shared__ unsigned s_last;
-    const unsigned rank = blockIdx.x % ST_MOE2_FUSE;
-    const int nsb = p.rows / 256;
-    st_cluster_arrive_relaxed(); // started: the cluster's blocks may store into s_hq once they have waited
-    unsigned ts = st_pdl_begin();
-    st_trace_probe(ts, 0, p.logits);
-    // A slot whose expert is not in this stack (a hybrid layer's cache) has the same e < 0 in
-    // every block of its cluster: they compute nothing but still take the cluster's barriers and
-    // count in, and the combine leaves the slot out, as the two kernels do.
-    int e;
-    const bool here = moe2_route_one<T, P, W>(p, s_asg, &e, moe2_smem, rs, ts);
-    if (here && threadIdx.x == 0) moe2_fused_ask_down(p, e);
-    if (here) moe2_rows<T, 1, true, P, W>(p, e, 1, s_asg, moe2_smem, true, ts, s_h);
-    __syncthreads(); // s_h
-    if (here && threadIdx.x < 32) {
-        const int l4 = threadIdx.x & 3;
-        float4 v0 = *(const float4 *)(s_h + 4 * l4), v1 = *(const float4 *)(s_h + 16 + 4 * l4);
-        int8_t *q0 = s_hq + rank * 16 + 4 * l4;
-        quant_chunk4(v0, v1, l4, threadIdx.x < 4, q0, q0 + ST_MOE2_FUSE * 16, s_hds + rank);
-        __syncwarp(); // (lanes 0-3 wrote the chunk that lanes 0-7 store below)
-    }
-    st_cluster_wait(); // every block of the cluster has started
-    if (here && threadIdx.x < ST_MOE2_FUSE && threadIdx.x != rank) {
-        const int4 lo = *(const int4 *)(s_hq + rank * 16), hi = *(const int4 *)(s_hq + ST_MOE2_FUSE * 16 + rank * 16);
-        const float2 ds = s_hds[rank];
-        *st_cluster_peer((int4 *)(s_hq + rank * 16), threadIdx.x) = lo;
-        *st_cluster_peer((int4 *)(s_hq + ST_MOE2_FUSE * 16 + rank * 16), threadIdx.x) = hi;
-        *st_cluster_peer(s_hds + rank, threadIdx.x) = ds;
-    }
-    st_cluster_sync(); // the cluster's h values here
-    st_trace_mark(ts, 6);
-    if (here) moe2_fused_rows(p, e, s_hq, s_hds);
-
-    // The blocks of rank r (every slot and super-block) count in; the last sums their partials.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned prev = atomicAdd(&moe2_counters[rank], 1u);
-        s_last = prev == (unsigned)(p.k * nsb - 1);
-        if (s_last) moe2_counters[rank] = 0;
-    }
-    __syncthreads();
-    st_trace_mark(ts, 4);
-    if (!s_last) {
-        st_trace_end();
-        return;
-    }
-    __threadfence();
-    // Thread t's row's partials of every slot are loaded first (a slot whose expert is not here:
-    // left out below), then the router weights computed (route_weights, as block (0, 0) wrote
-    // them) while they land.
-    const int t = threadIdx.x, rows = p.cols / ST_MOE2_FUSE; // (rows <= blockDim.x: moe2_fused)
-    const int64_t r = (int64_t)rank * rows + t;
-    const bool mine = t < rows;
-    float y0 = mine && p.add ? p.y[r] : 0.0f, go = mine && p.gated_o ? p.gated_o[r] : 0.0f;
-    float v[ST_ROUTE_FOLD_MAX_K];
-#pragma unroll
-    for (int a = 0; a < ST_ROUTE_FOLD_MAX_K; a++) {
-        float sb[4];
-        const float *q = p.part + (size_t)a * nsb * p.cols + r;
-#pragma unroll
-        for (int b = 0; b < 4; b++) sb[b] = mine && a < p.k && b < nsb ? __ldcg(q + (size_t)b * p.cols) : 0.0f;
-        v[a] = (sb[0] + sb[2]) + (sb[1] + sb[3]); // (moe2_rows' last two steps)
-    }
-    route_weights(p.n_route, p.k, rs, s_ids, s_w, NULL);
-    __syncthreads(); // s_ids, s_w
-    if (mine) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int a = 0; a < ST_ROUTE_FOLD_MAX_K; a++)
-            if (a < p.k && moe2_matrix(p, s_ids[a]) >= 0) acc += s_w[a] * v[a];
-        float out = p.add ? y0 + acc : acc;
-        if (p.gated_o) out += sigmoidf_(p.gated_s[0]) * go;
-        p.y[r] = out;
-    }
-    st_trace_end();
-#endif
-}
-
 // Four row pairs a warp for one row (H200, a 4-layer 30B-shape model, Q4_K experts: decode
 // 2,380 -> 2,500 tok/s); windows keep one, whose R x NX sums would fill the registers.
 // (Again on 2026-11-30, 30B shape, whole card: one or two row pairs a warp decode 295 and 314
@@ -2786,41 +2620,6 @@ static bool moe2_routes(const st_moe_args *a) {
            !env_on("STRATA_MOE_NOFOLD");
 }
 
-// Runs a row's routed experts as moe2_fused_kernel where it applies: sm_90 clusters all resident
-// at once; the row routed by the kernel (p.logits) with its gate/up rows staged by the copy engine;
-// Q4_K gate, up and down; h of whole clusters (F a multiple of 256, at most 1,024: moe2_rows' sum
-// by super-block); d a multiple of 256, at most 2,048 (the last blocks take a row a thread). With
-// a shared expert to add (a->gated_o) only with STRATA_MOE_FUSE_SHARED=1 (for A/B runs): its side
-// stream then joins after this kernel and the caller's add_gated_rows adds it, where the down
-// kernel's combine adds it now. Only with STRATA_MOE_FUSE=1 until it measures faster than the two
-// kernels (bench/results/2026-12-07-fused-experts.md); never with STRATA_MOE_SB=0 or
-// STRATA_MOE_BULK=0. part: (k, F / 256, d) floats.
-static bool moe2_fused(st_cuda *c, const st_moe_args *a, st_moe2_args p, float *part) {
-    constexpr int P = 4, W = ST_MOE2_WARPS;
-    const st_mat3 *down = a->down;
-    bool off = !env_on("STRATA_MOE_FUSE") || env_is_0("STRATA_MOE_SB") || env_is_0("STRATA_MOE_BULK");
-    if (off || c->prop.major < 9 || !p.logits || !p.rank_first || !p.stage ||
-        (a->gated_o && !env_on("STRATA_MOE_FUSE_SHARED")) ||
-        a->gate->type != ST_TYPE_Q4_K || down->type != ST_TYPE_Q4_K || p.rows % 256 || p.rows > 1024 || p.cols % 256 ||
-        p.cols > ST_MOE2_FUSE * 32 * W ||
-        down->row_bytes % 16 || down->mat_bytes % 16 || ((uintptr_t)down->data & 15))
-        return false;
-    dim3 grid((unsigned)(p.rows / 32), (unsigned)p.na);
-    size_t smem = moe2_tile_off(p) + (size_t)W * 2 * P * p.g_row_bytes;
-    st_allow_smem(c, moe2_fused_kernel<P>, smem);
-    if (!st_cluster_fits(c, moe2_fused_kernel<P>, dim3(ST_MOE2_FUSE), grid, 32 * W, smem)) return false;
-    p.bulk = true;
-    p.wd = (const uint8_t *)down->data;
-    p.d_row_bytes = down->row_bytes;
-    p.d_mat = down->mat_bytes;
-    p.part = part;
-    p.y = a->y;
-    p.add = a->accumulate;
-    st_launch_cluster(c, dim3(ST_MOE2_FUSE), moe2_fused_kernel<P>, grid, 32 * W, smem, p);
-    ST_CU_LAUNCHED(c, "moe2_fused_kernel");
-    return true;
-}
-
 // The one-launch-per-matrix experts. False when they do not apply (the caller runs moe_small).
 static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
@@ -2831,13 +2630,11 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     int cap_g = (int)(ST_MOE2_SMEM_MAX / (d + d / 4)), cap_d = (int)(ST_MOE2_SMEM_MAX / (F + F / 4));
     // MOE: h (na, F) | o (na, d) | one row: h quantized (na, F) | its {scale, sum} (na, F / 32)
     size_t h_b = align256(sizeof(float) * (size_t)na * F), o_b = align256(sizeof(float) * (size_t)na * d);
-    // | one row: each slot's down rows summed by super-block (na, F / 256, d: moe2_fused)
-    size_t hq_b = align256((size_t)na * F), hds_b = align256(sizeof(float2) * (size_t)na * (F / 32));
-    size_t part_b = n == 1 ? sizeof(float) * (size_t)na * (F / 256) * d : 0;
+    size_t hq_b = align256((size_t)na * F);
     bool hq = n == 1 && !env_is_0("STRATA_MOE_HQ");
-    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, h_b + o_b + (hq ? hq_b + hds_b : 0) + part_b);
+    char *m = (char *)st_cuda_scratch(c, ST_SCR_MOE, h_b + o_b + (hq ? hq_b + sizeof(float2) * (size_t)na * (F / 32) : 0));
     if (!m) return true; // error kept
-    float *h = (float *)m, *o = (float *)(m + h_b), *part = (float *)(m + h_b + o_b + (hq ? hq_b + hds_b : 0));
+    float *h = (float *)m, *o = (float *)(m + h_b);
 
     st_moe2_args p = {};
     p.ids = a->ids;
@@ -2877,10 +2674,6 @@ static bool moe_small2(st_cuda *c, const st_moe_args *a, bool *gated) {
     p.out = h;
     p.tiles = moe2_tiles(n);
     if (hq) p.hq = (int8_t *)(m + h_b + o_b), p.hds = (float2 *)(m + h_b + o_b + hq_b);
-    if (n == 1 && moe2_fused(c, a, p, part)) {
-        *gated = !a->gated_o; // (the caller adds the shared expert's output)
-        return true;
-    }
     switch (gate->type) {
 #define CASE(T) case T: moe2_launch<T, true>(c, p, n); break;
         ST_CUQ_QUANT_TYPES(CASE)
