@@ -109,9 +109,9 @@ typedef struct st_conv_args {
 // (REFERENCE.md §3.3): u = conv(qkv) + SiLU (conv_state updated); q and k, u's first two groups
 // of h_k heads of d, l2-normalized (q also scaled by 1/sqrt(d)), v its h_v heads after them;
 // beta and g from ba (gdn_gates); o = the delta rule (state updated); out = rmsnorm(o) · norm_w
-// ⊙ silu(z) per value head. The values of conv, copy_cols, l2norm, gdn_gates, gdn (or
-// gdn_chunked from gdn_chunked_from rows) and rmsnorm_silu in that order (st_deltanet_ops); a
-// device may run a decode window as one kernel.
+// ⊙ silu(z) per value head; then, with wo, y = wo · out. The values of conv, copy_cols, l2norm,
+// gdn_gates, gdn (or gdn_chunked from gdn_chunked_from rows), rmsnorm_silu and matmul in that
+// order (st_deltanet_ops); a device may run a decode window as one kernel and the product.
 typedef struct st_deltanet_args {
     const float *qkv;             // (n, conv_dim) raw rows, conv_dim = 2 h_k d + h_v d
     const float *conv_w;          // (conv_dim, kernel)
@@ -122,6 +122,10 @@ typedef struct st_deltanet_args {
     const float *norm_w;          // (d)
     float *state;                 // (h_v, d, d) as st_gdn_args
     float *out;                   // (n, h_v d)
+    // The output projection, or NULL: y (n, wo->rows) = wo · out after the mixer (a device may
+    // hand it the mixer's output as the product's own quantization would).
+    const st_mat *wo;
+    float *y;
     // Work buffers of the ops one after another (backend memory): u (n, conv_dim), q and k
     // (n, h_k d), v (n, h_v d), beta and g (n, h_v).
     float *u, *q, *k, *v, *beta, *g;

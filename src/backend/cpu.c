@@ -536,6 +536,7 @@ void st_deltanet_ops(st_backend *b, const st_deltanet_args *a) {
     bool chunked = ops->gdn_chunked_from > 0 && n >= ops->gdn_chunked_from; // prompt chunks, where it pays
     (chunked ? ops->gdn_chunked : ops->gdn)(b, &ga);
     ops->rmsnorm_silu(b, a->out, a->norm_w, a->z, a->out, n * hv, d, a->eps);
+    if (a->wo) ops->matmul(b, a->wo, a->out, n, a->y);
 }
 
 void st_shared_ffn_ops(st_backend *b, const st_shared_ffn_args *a) {

@@ -290,7 +290,7 @@ static void attention(st_state *s, int il, const st_layer *l, int n, int pos0, b
     OP(attention, &a);
 }
 
-// Gated DeltaNet (qwen3next) of n rows: block_input -> y.
+// Gated DeltaNet (qwen3next) of n rows and its output projection: block_input -> y.
 static void deltanet(st_state *s, int il, const st_layer *l, int n, bool add) {
     const st_hparams *hp = &s->m->hp;
     int d = hp->ssm_d, hk = hp->ssm_h_k, hv = hp->ssm_h_v, r = hv / hk;
@@ -313,14 +313,13 @@ static void deltanet(st_state *s, int il, const st_layer *l, int n, bool add) {
             OP(copy_cols, s->big, cd + vd, src + 2 * d + r * d, z, vd, (int64_t)g * r * d, n, r * d);
         }
     }
-    // conv + SiLU, q and k l2-normed, the gates, the delta rule, the gated norm
+    // conv + SiLU, q and k l2-normed, the gates, the delta rule, the gated norm, the out projection
     st_deltanet_args da = {.qkv = s->qkv, .conv_w = l->conv, .conv_state = s->conv[il], .ba = s->ba,
                            .ssm_a = l->ssm_a, .dt_bias = l->dt_bias, .z = z, .norm_w = l->ssm_norm,
                            .state = s->ssm[il], .out = s->att, .u = u, .q = s->qh, .k = s->k, .v = s->v,
                            .beta = s->beta, .g = s->g, .n = n, .h_k = hk, .h_v = hv, .d = d,
-                           .kernel = hp->ssm_kernel, .eps = hp->eps};
+                           .kernel = hp->ssm_kernel, .eps = hp->eps, .wo = &l->wout, .y = s->y};
     OP(deltanet, &da);
-    OP(matmul, &l->wout, s->att, n, s->y);
 }
 
 // Routed experts plus the shared expert (when the model has one) of n rows: block_input

@@ -837,12 +837,15 @@ static void run_gdn(bool chunked, int d) {
     dev_free(dS), free(S), free(Sg);
 }
 
-// The DeltaNet mixer (st_deltanet_args) over a run of calls, the states carried: the GPU's op
-// (one kernel for decode windows; STRATA_DN_FUSED=0: the ops in turn) against the CPU's, and
-// bit for bit against the same ops one after another on the GPU (st_deltanet_ops), which the
-// fused kernel must match exactly. Qwen3-Next's head shape (d 128, 16 key and 32 value heads) and r = 1.
+// The DeltaNet mixer (st_deltanet_args) with its output projection (a q8_0 wo) over a run of
+// calls, the states carried: the GPU's op (one kernel for decode windows, which hands the
+// projection its outputs quantized; STRATA_DN_FUSED=0: the ops in turn) against the CPU's, and
+// bit for bit against the same ops one after another on the GPU (st_deltanet_ops, the product
+// quantizing the floats itself), which the fused kernel must match exactly. Qwen3-Next's head
+// shape (d 128, 16 key and 32 value heads) and r = 1.
 typedef struct dn_bufs {
-    float *qkv, *conv_w, *conv_state, *ba, *ssm_a, *dt_bias, *z, *norm_w, *state, *out, *u, *q, *k, *v, *beta, *g;
+    float *qkv, *conv_w, *conv_state, *ba, *ssm_a, *dt_bias, *z, *norm_w, *state, *out, *u, *q, *k, *v, *beta, *g, *y;
+    const st_mat *wo;
 } dn_bufs;
 
 static st_deltanet_args dn_args(const dn_bufs *m, int n, int hk, int hv, int d, int K) {
@@ -850,7 +853,7 @@ static st_deltanet_args dn_args(const dn_bufs *m, int n, int hk, int hv, int d, 
                               .ssm_a = m->ssm_a, .dt_bias = m->dt_bias, .z = m->z, .norm_w = m->norm_w,
                               .state = m->state, .out = m->out, .u = m->u, .q = m->q, .k = m->k, .v = m->v,
                               .beta = m->beta, .g = m->g, .n = n, .h_k = hk, .h_v = hv, .d = d, .kernel = K,
-                              .eps = 1e-6f};
+                              .eps = 1e-6f, .wo = m->wo, .y = m->y};
 }
 
 static void run_deltanet(int hk, int hv) {
@@ -865,6 +868,16 @@ static void run_deltanet(int hk, int hv) {
     c.k = malloc(sizeof(float) * nmax * hk * d), c.v = malloc(sizeof(float) * nmax * vd);
     c.beta = malloc(sizeof(float) * nmax * hv), c.g = malloc(sizeof(float) * nmax * hv);
     c.out = malloc(sizeof(float) * nmax * vd);
+    // The output projection's rows, weights of a trained model's size: y then stays O(1), as
+    // attention's does in run_attention_wo, so the same bounds hold.
+    const int rows = 200;
+    float *wf = rand_buf((size_t)rows * vd, -0.05f, 0.05f);
+    size_t rb = st_row_bytes(ST_TYPE_Q8_0, vd);
+    char *wq = malloc(rb * rows);
+    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * vd, wq + (size_t)r * rb, vd);
+    st_mat wc = {ST_TYPE_Q8_0, vd, rows, rb, wq}, wg = wc;
+    wg.data = dev_put(wq, rb * rows);
+    c.wo = &wc, c.y = malloc(sizeof(float) * nmax * rows);
     dn_bufs *dev[2] = {&g, &o};
     for (int i = 0; i < 2; i++) {
         dn_bufs *b = dev[i];
@@ -875,9 +888,11 @@ static void run_deltanet(int hk, int hv) {
         b->k = dev_put(NULL, sizeof(float) * nmax * hk * d), b->v = dev_put(NULL, sizeof(float) * nmax * vd);
         b->beta = dev_put(NULL, sizeof(float) * nmax * hv), b->g = dev_put(NULL, sizeof(float) * nmax * hv);
         b->out = dev_put(NULL, sizeof(float) * nmax * vd);
+        b->wo = &wg, b->y = dev_put(NULL, sizeof(float) * nmax * rows);
     }
-    float *got = malloc(sizeof(float) * (ns > (size_t)nmax * vd ? ns : (size_t)nmax * vd));
-    float *ref2 = malloc(sizeof(float) * (ns > (size_t)nmax * vd ? ns : (size_t)nmax * vd));
+    size_t most = ns > (size_t)nmax * vd ? ns : (size_t)nmax * vd;
+    most = most > (size_t)nmax * rows ? most : (size_t)nmax * rows;
+    float *got = malloc(sizeof(float) * most), *ref2 = malloc(sizeof(float) * most);
     for (int ci = 0; calls[ci]; ci++) {
         int n = calls[ci];
         c.qkv = rand_buf((size_t)n * cd, -2, 2), c.ba = rand_buf((size_t)n * 2 * hv, -3, 3);
@@ -896,8 +911,10 @@ static void run_deltanet(int hk, int hv) {
             {"out", c.out, g.out, o.out, (size_t)n * vd, 2e-4, 2e-3},
             {"state", c.state, g.state, o.state, ns, 1e-4, 1e-3},
             {"conv state", c.conv_state, g.conv_state, o.conv_state, ncs, 0, 0},
+            // (windows: q8_0 activations as the CPU's; prompt chunks: bf16 weights, cuBLAS)
+            {"y", c.y, g.y, o.y, (size_t)n * rows, n > 16 ? 0.4 : 5e-2, n > 16 ? 3e-2 : 1e-2},
         };
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             dev_get(got, outs[k].g_p, sizeof(float) * outs[k].len);
             dev_get(ref2, outs[k].o_p, sizeof(float) * outs[k].len);
             snprintf(what, sizeof what, "deltanet h_k=%d h_v=%d call %d n=%d %s", hk, hv, ci, n, outs[k].name);
@@ -915,12 +932,13 @@ static void run_deltanet(int hk, int hv) {
     for (int i = 0; i < 2; i++) {
         dn_bufs *b = dev[i];
         float *ps[] = {b->conv_w, b->ssm_a, b->dt_bias, b->norm_w, b->conv_state, b->state, b->u, b->q, b->k, b->v,
-                       b->beta, b->g, b->out};
+                       b->beta, b->g, b->out, b->y};
         for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) dev_free(ps[k]);
     }
     float *ps[] = {c.conv_w, c.ssm_a, c.dt_bias, c.norm_w, c.conv_state, c.state, c.u, c.q, c.k, c.v, c.beta, c.g,
-                   c.out, got, ref2};
+                   c.out, c.y, got, ref2, wf};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) free(ps[k]);
+    dev_free((void *)wg.data), free(wq);
 }
 
 static void test_deltanet(void **st) {

@@ -271,27 +271,9 @@ template <int EPL> __device__ __forceinline__ void attn_load_head(const float *x
     for (int e = 0; e < EPL; e++) v[e] = x ? x[lane + 32 * e] : 1.0f;
 }
 
-// One chunk of 32 outputs (x: a lane's value c·32 + lane of the row's H·D) quantized into p.oq,
-// p.ods in quant_split's layout and order (lanes of four consecutive values, butterflied at 4, 2,
-// 1 of those lanes).
+// One chunk of 32 outputs (x: a lane's value c·32 + lane of the row's H·D) into p.oq, p.ods.
 __device__ __forceinline__ void attn_quant_chunk(const attn_params &p, float x, size_t row, int cols, int c, int lane) {
-    float amax = fabsf(x);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float x1 = __shfl_down_sync(0xffffffffu, x, 1), x2 = __shfl_down_sync(0xffffffffu, x, 2);
-    float x3 = __shfl_down_sync(0xffffffffu, x, 3);
-    float sum = x + x1 + x2 + x3; // (lanes 4l: values 4l .. 4l+3)
-    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    float id, d = st_q8_scale(amax, &id);
-    uint32_t b = st_q8_byte(x, id);
-    uint32_t b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2);
-    uint32_t b3 = __shfl_down_sync(0xffffffffu, b, 3);
-    if ((lane & 3) == 0) {
-        int8_t *q = p.oq + row * cols + (lane < 16 ? c * 16 + lane : cols / 2 + c * 16 + lane - 16);
-        *(uint32_t *)q = b | b1 << 8 | b2 << 16 | b3 << 24;
-    }
-    if (lane == 0) p.ods[row * (cols / 32) + c] = make_float2(d, sum);
+    st_quant_chunk32(x, p.oq + row * cols, p.ods + row * (cols / 32), cols, c, lane);
 }
 
 // A warp stores row-head rh's outputs (lane holding elements e·32 + lane: a[e]), with GATE times
@@ -1309,8 +1291,9 @@ static bool attn_wo_floats(void) {
 // attention's blocks by ~3 us (they end 3.2 us sooner when the projection launches after them,
 // though that loses more than it saves). Spread over 4 us: attention's blocks end 1.3 us sooner,
 // 30B-A3B decode +1.9% on an H100, Next +0.4% (bench/results/2026-12-05-prepared-measured.md).
+// The DeltaNet mixer's output projection spreads its copies the same way (gdn.cu).
 // STRATA_O_SPREAD_NS=N for A/B runs (0: all at once); read once.
-static unsigned attn_o_spread(void) {
+unsigned st_cuda_o_spread(void) {
     static int ns = -1;
     if (ns < 0) {
         const char *e = getenv("STRATA_O_SPREAD_NS");
@@ -1426,7 +1409,7 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
     }
     if (!wo) return;
     bool q8 = p.oq && (p.ns == 1 || p.counters); // (else the combine kernel wrote out, as floats)
-    if (q8 && st_cuda_matmul_q8(b, wo, p.oq, p.ods, a->n, a->y, a->n == 1 ? attn_o_spread() : 0)) return;
+    if (q8 && st_cuda_matmul_q8(b, wo, p.oq, p.ods, a->n, a->y, a->n == 1 ? st_cuda_o_spread() : 0)) return;
     st_cuda_matmul(b, wo, a->out, a->n, a->y);
 }
 

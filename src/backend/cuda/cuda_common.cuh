@@ -24,7 +24,7 @@ enum {
     ST_SCR_GDN,   // chunked DeltaNet buffers
     ST_SCR_MISC,
     ST_SCR_MOEMAP, // expert ids mapped to cache slots
-    ST_SCR_ATTQ,   // attention output quantized for the output projection
+    ST_SCR_ATTQ,   // a mixer's output (attention, DeltaNet) quantized for its output projection
     ST_SCR_COUNT
 };
 
@@ -523,6 +523,29 @@ __device__ __forceinline__ float st_q8_scale(float amax, float *inv) {
 }
 __device__ __forceinline__ uint32_t st_q8_byte(float x, float inv) { return (uint8_t)(int8_t)roundf(x * inv); }
 
+// One chunk of 32 values of a row cols wide (x: a whole warp's lane's value c·32 + lane) into q
+// and ds, the row's values and {scale, sum}s, in quant_split's layout and order (lanes of four
+// consecutive values, butterflied at 4, 2, 1 of those lanes): a kernel whose output feeds a
+// product hands it quantized (st_cuda_matmul_q8), with the bits the product's own quantization
+// would give.
+__device__ __forceinline__ void st_quant_chunk32(float x, int8_t *q, float2 *ds, int cols, int c, int lane) {
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float x1 = __shfl_down_sync(0xffffffffu, x, 1), x2 = __shfl_down_sync(0xffffffffu, x, 2);
+    float x3 = __shfl_down_sync(0xffffffffu, x, 3);
+    float sum = x + x1 + x2 + x3; // (lanes 4l: values 4l .. 4l+3)
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    float id, d = st_q8_scale(amax, &id);
+    uint32_t b = st_q8_byte(x, id);
+    uint32_t b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2);
+    uint32_t b3 = __shfl_down_sync(0xffffffffu, b, 3);
+    if ((lane & 3) == 0)
+        *(uint32_t *)(q + (lane < 16 ? c * 16 + lane : cols / 2 + c * 16 + lane - 16)) = b | b1 << 8 | b2 << 16 | b3 << 24;
+    if (lane == 0) ds[c] = make_float2(d, sum);
+}
+
 // An L2 policy for weights read once a token: their lines are evicted first, so the kernels'
 // code, the activations and the KV cache are not pushed out of L2 by the ~40 MB a layer streams.
 __device__ __forceinline__ unsigned long long st_l2_evict_first() {
@@ -840,6 +863,8 @@ void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const fl
 // staged copies over spread_ns (0: all at once).
 bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y,
                        unsigned spread_ns);
+// attention.cu: the spread_ns a decode output projection takes (STRATA_O_SPREAD_NS).
+unsigned st_cuda_o_spread(void);
 void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
                          float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out);
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);

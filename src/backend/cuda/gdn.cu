@@ -134,7 +134,8 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
 // of a key head share its q and k conv state rows: the block of rank 0 writes them, after a
 // barrier of the r blocks' cluster (sm_90+) that follows every block's read of them. Without
 // clusters (r > 1 on older GPUs, or none that fits) the conv runs as its own kernel first
-// (CONV false) and the blocks read its output.
+// (CONV false) and the blocks read its output. With oq, warp 0 also quantizes the head's outputs
+// into oq, ods (st_quant_chunk32: four chunks of the row's h_v · d) for the output projection.
 #define DN_D 128      // head size the fused kernel serves (Qwen3-Next's)
 #define DN_ROWS 4     // state rows a warp
 #define DN_WARPS (DN_D / DN_ROWS)
@@ -143,7 +144,7 @@ void st_cuda_gdn(st_backend *b, const st_gdn_args *a) {
                         // the step kernel spreads a head over eight blocks
 
 template <bool CONV>
-__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a) {
+__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltanet_args a, int8_t *oq, float2 *ods) {
     constexpr int D = DN_D, EPL = D / 32, R = DN_ROWS, KW = DN_MAX_K;
     __shared__ float s_q[D], s_k[D], s_v[D], s_o[D]; // the head's raw (conv'd) q, k, v; its outputs
     __shared__ float s_w[CONV ? 3 * D * KW : 1], s_win[CONV ? 3 * D * (KW - 1) : 1]; // a thread's channel's taps, rows
@@ -235,6 +236,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32) deltanet_head_kernel(st_deltane
                 float y = v[e] * sc * nw[e];
                 y *= zz[e] / (1.0f + expf(-zz[e]));
                 out[e * 32 + lane] = y;
+                if (oq) st_quant_chunk32(y, oq + (size_t)t * vd, ods + (size_t)t * (vd / 32), vd, j * EPL + e, lane);
             }
             if (t == 0) st_trace_mark(ts, 3);
         }
@@ -265,6 +267,13 @@ static bool dn_fused_on(void) {
     return on == 1;
 }
 
+// STRATA_DN_WO=0: the fused mixer's output projection quantizes the floats itself (read once).
+static bool dn_wo_q8_on(void) {
+    static int on = -1;
+    if (on < 0) on = !st_env_is("STRATA_DN_WO", "0");
+    return on == 1;
+}
+
 bool st_cuda_deltanet_fuses(const st_deltanet_args *a) {
     return dn_fused_on() && a->n >= 1 && a->n <= DN_FUSED_ROWS && a->d == DN_D && a->h_k >= 1 && a->h_v % a->h_k == 0;
 }
@@ -277,20 +286,38 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
     }
     int r = a->h_v / a->h_k;
     dim3 grid((unsigned)a->h_k, (unsigned)r);
+    // A quantized output projection gets the outputs quantized by the kernel (as attention's):
+    // its blocks then need no quantization of their own, so they stage their weights while the
+    // mixer runs (st_cuda_o_spread) and start their products at once (the same bits).
+    const st_mat *wo = a->wo;
+    size_t vd = (size_t)a->h_v * a->d;
+    bool q8 = wo && wo->type != ST_TYPE_F32 && wo->type != ST_TYPE_F16 && wo->type != ST_TYPE_BF16 &&
+              wo->cols == (int64_t)vd && a->n <= ST_CUDA_GRAPH_ROWS && dn_wo_q8_on();
+    int8_t *oq = NULL;
+    float2 *ods = NULL;
+    if (q8) {
+        size_t qb = ((size_t)a->n * vd + 255) / 256 * 256;
+        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ATTQ, qb + sizeof(float2) * (size_t)a->n * (vd / 32));
+        if (!buf) return; // error kept
+        oq = (int8_t *)buf, ods = (float2 *)(buf + qb);
+    }
     // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
     // the r heads of a key head.
     bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&
                    (r == 1 || st_cluster_fits(c, deltanet_head_kernel<true>, dim3(1, r), grid, DN_WARPS * 32, 0));
     if (conv_in) {
-        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
-        else st_launch_cluster(c, dim3(1, r), deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a);
+        if (r == 1) st_launch(c, deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a, oq, ods);
+        else st_launch_cluster(c, dim3(1, r), deltanet_head_kernel<true>, grid, DN_WARPS * 32, 0, *a, oq, ods);
     } else {
         st_conv_args ca = {.x = a->qkv, .w = a->conv_w, .state = a->conv_state, .y = a->u, .n = a->n,
                            .channels = 2 * a->h_k * a->d + a->h_v * a->d, .kernel = a->kernel};
         st_cuda_conv(b, &ca);
-        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a);
+        st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a, oq, ods);
     }
     ST_CU_LAUNCHED(c, "deltanet");
+    if (!wo) return;
+    if (q8 && st_cuda_matmul_q8(b, wo, oq, ods, a->n, a->y, a->n == 1 ? st_cuda_o_spread() : 0)) return;
+    st_cuda_matmul(b, wo, a->out, a->n, a->y);
 }
 
 // ---------------------------------------------------------------------------------------------

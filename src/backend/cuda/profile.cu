@@ -540,7 +540,7 @@ static void p_deltanet(st_backend *b, const st_deltanet_args *a) {
         return;
     }
     char key[96];
-    snprintf(key, sizeof key, "deltanet fused %s", rows_class(a->n));
+    snprintf(key, sizeof key, "deltanet fused%s %s", a->wo ? " + out projection" : "", rows_class(a->n));
     TIMED(b, key, inner->deltanet(b, a));
 }
 static void p_gdn_gates(st_backend *b, const float *ba, const float *a, const float *dt, float *beta, float *g, int n, int hk, int hv) { TIMED(b, "gdn_gates", inner->gdn_gates(b, ba, a, dt, beta, g, n, hk, hv)); }
