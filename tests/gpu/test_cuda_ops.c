@@ -552,6 +552,20 @@ static void run_attn_case(const attn_case *ac) {
     dev_free(kg.k), dev_free(kg.v), dev_free(dpos), free(kc.k), free(kc.v);
 }
 
+// A random q8_0 matrix of rows x cols (values in [-s, s] before quantization) on the host (h)
+// and the device (d): an op's output projection. q8_mat_free frees both.
+static void q8_mat_make(int rows, int cols, float s, st_mat *h, st_mat *d) {
+    float *wf = rand_buf((size_t)rows * cols, -s, s);
+    size_t rb = st_row_bytes(ST_TYPE_Q8_0, cols);
+    char *wq = malloc(rb * rows);
+    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * cols, wq + (size_t)r * rb, cols);
+    free(wf);
+    *h = (st_mat){ST_TYPE_Q8_0, cols, rows, rb, wq};
+    *d = *h;
+    d->data = dev_put(wq, rb * rows);
+}
+static void q8_mat_free(st_mat *h, st_mat *d) { free((void *)h->data), dev_free((void *)d->data); }
+
 // The output projection inside the attention op (st_attn_args.wo): the GPU's y must equal, bit
 // for bit, its own attention followed by its own matmul of the same output (the kernel hands
 // the projection its output quantized as the matmul would have), and the CPU's y within
@@ -566,12 +580,8 @@ static void run_attention_wo(int n_ctx, const int *calls) {
     kc.k = calloc(1, cache_bytes), kc.v = calloc(1, cache_bytes);
     kg.k = dev_put(NULL, cache_bytes), kg.v = dev_put(NULL, cache_bytes);
     gpu->ops->zero(gpu, kg.k, cache_bytes), gpu->ops->zero(gpu, kg.v, cache_bytes);
-    float *wf = rand_buf((size_t)rows * cols, -1, 1);
-    size_t rb = st_row_bytes(ST_TYPE_Q8_0, cols);
-    char *wq = malloc(rb * rows);
-    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * cols, wq + (size_t)r * rb, cols);
-    st_mat wc = {ST_TYPE_Q8_0, cols, rows, rb, wq}, wg = wc;
-    wg.data = dev_put(wq, rb * rows);
+    st_mat wc, wg;
+    q8_mat_make(rows, cols, 1.0f, &wc, &wg);
     float *qn = rand_buf(D, 0.5f, 1.5f), *kn = rand_buf(D, 0.5f, 1.5f);
     float *dqn = dev_put(qn, sizeof(float) * D), *dkn = dev_put(kn, sizeof(float) * D);
     int32_t *dpos = dev_put(NULL, sizeof(int32_t));
@@ -621,8 +631,8 @@ static void run_attention_wo(int n_ctx, const int *calls) {
         dev_free(dk), dev_free(dv), dev_free(dq), dev_free(dout), dev_free(dy), dev_free(drp);
         free(q), free(k), free(v), free(rp), free(out), free(y), free(o1), free(o2), free(y1), free(y2), free(qc), free(kcp);
     }
-    dev_free(kg.k), dev_free(kg.v), dev_free(dpos), dev_free(dqn), dev_free(dkn), dev_free((void *)wg.data);
-    free(kc.k), free(kc.v), free(wf), free(wq), free(qn), free(kn);
+    dev_free(kg.k), dev_free(kg.v), dev_free(dpos), dev_free(dqn), dev_free(dkn), q8_mat_free(&wc, &wg);
+    free(kc.k), free(kc.v), free(qn), free(kn);
 }
 
 static void test_attention_wo(void **st) {
@@ -660,12 +670,8 @@ static void run_attention_gated(const gated_case *gc) {
     kr.k = dev_put(NULL, cache_bytes), kr.v = dev_put(NULL, cache_bytes);
     gpu->ops->zero(gpu, kg.k, cache_bytes), gpu->ops->zero(gpu, kg.v, cache_bytes);
     gpu->ops->zero(gpu, kr.k, cache_bytes), gpu->ops->zero(gpu, kr.v, cache_bytes);
-    float *wf = rand_buf((size_t)rows * cols, -1, 1);
-    size_t rb = st_row_bytes(ST_TYPE_Q8_0, cols);
-    char *wq = malloc(rb * rows);
-    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * cols, wq + (size_t)r * rb, cols);
-    st_mat wc = {ST_TYPE_Q8_0, cols, rows, rb, wq}, wg = wc;
-    wg.data = dev_put(wq, rb * rows);
+    st_mat wc, wg;
+    q8_mat_make(rows, cols, 1.0f, &wc, &wg);
     float *qn = rand_buf(D, 0.5f, 1.5f), *kn = rand_buf(D, 0.5f, 1.5f);
     float *dqn = dev_put(qn, sizeof(float) * D), *dkn = dev_put(kn, sizeof(float) * D);
     int32_t *dpos = dev_put(NULL, sizeof(int32_t));
@@ -750,8 +756,8 @@ static void run_attention_gated(const gated_case *gc) {
         free(o1), free(o2), free(o3), free(y1), free(y2);
     }
     dev_free(kg.k), dev_free(kg.v), dev_free(kr.k), dev_free(kr.v), dev_free(dpos), dev_free(dqn), dev_free(dkn);
-    dev_free((void *)wg.data);
-    free(kc.k), free(kc.v), free(wf), free(wq), free(qn), free(kn);
+    q8_mat_free(&wc, &wg);
+    free(kc.k), free(kc.v), free(qn), free(kn);
 }
 
 static void test_attention_gated(void **st) {
@@ -871,12 +877,8 @@ static void run_deltanet(int hk, int hv) {
     // The output projection's rows, weights of a trained model's size: y then stays O(1), as
     // attention's does in run_attention_wo, so the same bounds hold.
     const int rows = 200;
-    float *wf = rand_buf((size_t)rows * vd, -0.05f, 0.05f);
-    size_t rb = st_row_bytes(ST_TYPE_Q8_0, vd);
-    char *wq = malloc(rb * rows);
-    for (int r = 0; r < rows; r++) st_quantize(ST_TYPE_Q8_0, wf + (size_t)r * vd, wq + (size_t)r * rb, vd);
-    st_mat wc = {ST_TYPE_Q8_0, vd, rows, rb, wq}, wg = wc;
-    wg.data = dev_put(wq, rb * rows);
+    st_mat wc, wg;
+    q8_mat_make(rows, vd, 0.05f, &wc, &wg);
     c.wo = &wc, c.y = malloc(sizeof(float) * nmax * rows);
     dn_bufs *dev[2] = {&g, &o};
     for (int i = 0; i < 2; i++) {
@@ -936,9 +938,9 @@ static void run_deltanet(int hk, int hv) {
         for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) dev_free(ps[k]);
     }
     float *ps[] = {c.conv_w, c.ssm_a, c.dt_bias, c.norm_w, c.conv_state, c.state, c.u, c.q, c.k, c.v, c.beta, c.g,
-                   c.out, c.y, got, ref2, wf};
+                   c.out, c.y, got, ref2};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) free(ps[k]);
-    dev_free((void *)wg.data), free(wq);
+    q8_mat_free(&wc, &wg);
 }
 
 static void test_deltanet(void **st) {
