@@ -271,13 +271,8 @@ template <int EPL> __device__ __forceinline__ void attn_load_head(const float *x
     for (int e = 0; e < EPL; e++) v[e] = x ? x[lane + 32 * e] : 1.0f;
 }
 
-// One chunk of 32 outputs (x: a lane's value c·32 + lane of the row's H·D) into p.oq, p.ods.
-__device__ __forceinline__ void attn_quant_chunk(const attn_params &p, float x, size_t row, int cols, int c, int lane) {
-    st_quant_chunk32(x, p.oq + row * cols, p.ods + row * (cols / 32), cols, c, lane);
-}
-
 // A warp stores row-head rh's outputs (lane holding elements e·32 + lane: a[e]), with GATE times
-// their gates, to out and, with p.oq, quantized (attn_quant_chunk): each e is one chunk of 32 of
+// their gates, to out and, with p.oq, quantized (st_quant_chunk32): each e is one chunk of 32 of
 // the row (H·D wide), so the output projection gets the bits it would have quantized itself.
 // At head dim 256 the chunks run as a loop (one chunk's code eight times): unrolled, the gated
 // store's ~10 KB of straight code ran once a launch from a cold instruction cache while the
@@ -299,7 +294,7 @@ __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, 
             float x = v[e];
             if constexpr (GATE) x *= sigmoidf_(g[e]); // as mul_sigmoid_kernel multiplies the stored output
             p.out[rh * D + e * 32 + lane] = x;
-            if (p.oq) attn_quant_chunk(p, x, row, cols, head * EPL + e, lane);
+            if (p.oq) st_quant_chunk32(x, p.oq + row * cols, p.ods + row * (cols / 32), cols, head * EPL + e, lane);
         }
     } else {
         if constexpr (GATE) { // as mul_sigmoid_kernel multiplies the stored output
@@ -310,7 +305,8 @@ __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, 
         for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = v[e];
         if (!p.oq) return;
 #pragma unroll
-        for (int e = 0; e < EPL; e++) attn_quant_chunk(p, v[e], row, cols, head * EPL + e, lane);
+        for (int e = 0; e < EPL; e++)
+            st_quant_chunk32(v[e], p.oq + row * cols, p.ods + row * (cols / 32), cols, head * EPL + e, lane);
     }
 }
 
@@ -1286,23 +1282,6 @@ static bool attn_wo_floats(void) {
     return floats == 1;
 }
 
-// ns over which the decode output projection's blocks spread their weights' staged copies. They
-// launch early and stage beside attention; all at once, that 8.9 MB burst (30B-A3B) slowed
-// attention's blocks by ~3 us (they end 3.2 us sooner when the projection launches after them,
-// though that loses more than it saves). Spread over 4 us: attention's blocks end 1.3 us sooner,
-// 30B-A3B decode +1.9% on an H100, Next +0.4% (bench/results/2026-12-05-prepared-measured.md).
-// The DeltaNet mixer's output projection spreads its copies the same way (gdn.cu).
-// STRATA_O_SPREAD_NS=N for A/B runs (0: all at once); read once.
-unsigned st_cuda_o_spread(void) {
-    static int ns = -1;
-    if (ns < 0) {
-        const char *e = getenv("STRATA_O_SPREAD_NS");
-        ns = e ? atoi(e) : 4000;
-        ns = ns < 0 ? 0 : ns > 100000 ? 100000 : ns;
-    }
-    return (unsigned)ns;
-}
-
 // The device address of attn_counters (per device; looked up on the first, eager, call of a
 // window, so never while recording).
 static unsigned *attn_counters_of(st_cuda *c) {
@@ -1384,13 +1363,9 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
 
     // The FP32 kernel with its own combine quantizes its output for a quantized projection.
     const st_mat *wo = a->wo;
-    bool float_wo = wo && (wo->type == ST_TYPE_F32 || wo->type == ST_TYPE_F16 || wo->type == ST_TYPE_BF16);
-    if (wo && !tc && fuse && !attn_wo_floats() && p.counters && !float_wo && a->n <= ST_CUDA_GRAPH_ROWS && wo->cols == (int64_t)a->n_head * D) {
-        size_t cols = (size_t)a->n_head * D, qb = ((size_t)a->n * cols + 255) / 256 * 256;
-        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ATTQ, qb + sizeof(float2) * (size_t)a->n * (cols / 32));
-        if (!buf) return; // error kept
-        p.oq = (int8_t *)buf, p.ods = (float2 *)(buf + qb);
-    }
+    if (wo && !tc && fuse && !attn_wo_floats() && p.counters && st_cuda_q8_takes(wo, a->n) &&
+        wo->cols == (int64_t)a->n_head * D && !(p.oq = st_cuda_proj_buf(c, a->n, (size_t)wo->cols, &p.ods)))
+        return; // error kept
 
     // Tiles of 64 positions where they fit the shared memory, else 32 (head_dim 128 on sm_86/89,
     // 256 everywhere).
@@ -1407,10 +1382,8 @@ void st_cuda_attention(st_backend *b, const st_attn_args *a) {
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
-    if (!wo) return;
     bool q8 = p.oq && (p.ns == 1 || p.counters); // (else the combine kernel wrote out, as floats)
-    if (q8 && st_cuda_matmul_q8(b, wo, p.oq, p.ods, a->n, a->y, a->n == 1 ? st_cuda_o_spread() : 0)) return;
-    st_cuda_matmul(b, wo, a->out, a->n, a->y);
+    if (wo) st_cuda_project(b, wo, q8 ? p.oq : NULL, p.ods, a->out, a->n, a->y);
 }
 
 // STRATA_CUDA_TRACE: binds this file's copy of st_trace (cuda_common.cuh).

@@ -857,14 +857,22 @@ void st_cuda_join_shared(st_cuda *c);
 // quant_matmul.cu: quantized weights
 void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float *y);
 void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y);
-// y = w · x for x given quantized (n <= ST_CUDA_GRAPH_ROWS rows of w->cols in quant_split's
-// layout: int8 values, then {scale, sum} per 32): false where this does not apply (float
-// weights), and the caller multiplies the floats instead. The blocks spread their weights'
-// staged copies over spread_ns (0: all at once).
+// Weights kept as floats (f32, f16, bf16): the quantized-activation kernels do not take them.
+static inline bool st_cuda_float_type(st_type t) { return t == ST_TYPE_F32 || t == ST_TYPE_F16 || t == ST_TYPE_BF16; }
+// y = w · x for x given quantized (n rows of w->cols in quant_split's layout: int8 values, then
+// {scale, sum} per 32), where st_cuda_q8_takes(w, n) (quantized weights, n <= ST_CUDA_GRAPH_ROWS,
+// w->cols a multiple of 32); false where it does not apply, and the caller multiplies the floats
+// instead. The blocks spread their weights' staged copies over spread_ns (0: all at once).
+bool st_cuda_q8_takes(const st_mat *w, int n);
 bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y,
                        unsigned spread_ns);
-// attention.cu: the spread_ns a decode output projection takes (STRATA_O_SPREAD_NS).
-unsigned st_cuda_o_spread(void);
+// A mixer's (attention's, DeltaNet's) output projection. The mixer may write its n rows of cols
+// outputs quantized too, into st_cuda_proj_buf's scratch (ST_SCR_ATTQ: the values, then *ds;
+// NULL with the error kept where it fails); st_cuda_project then multiplies those (q given: the
+// same bits as quantizing x, and its blocks stage their weights while the mixer runs), else x.
+int8_t *st_cuda_proj_buf(st_cuda *c, int n, size_t cols, float2 **ds);
+void st_cuda_project(st_backend *b, const st_mat *w, const int8_t *q, const float2 *ds, const float *x, int n,
+                     float *y);
 void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *xo, const float *norm_w, float eps,
                          float *xn, int n, int d, int nw, const st_mat *const *w, float *const *out);
 void st_cuda_get_rows(st_backend *b, const st_mat *w, const int32_t *ids, int n, float *y);

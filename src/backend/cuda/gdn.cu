@@ -288,19 +288,13 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
     dim3 grid((unsigned)a->h_k, (unsigned)r);
     // A quantized output projection gets the outputs quantized by the kernel (as attention's):
     // its blocks then need no quantization of their own, so they stage their weights while the
-    // mixer runs (st_cuda_o_spread) and start their products at once (the same bits).
+    // mixer runs (st_cuda_project) and start their products at once (the same bits).
     const st_mat *wo = a->wo;
-    size_t vd = (size_t)a->h_v * a->d;
-    bool q8 = wo && wo->type != ST_TYPE_F32 && wo->type != ST_TYPE_F16 && wo->type != ST_TYPE_BF16 &&
-              wo->cols == (int64_t)vd && a->n <= ST_CUDA_GRAPH_ROWS && dn_wo_q8_on();
     int8_t *oq = NULL;
     float2 *ods = NULL;
-    if (q8) {
-        size_t qb = ((size_t)a->n * vd + 255) / 256 * 256;
-        char *buf = (char *)st_cuda_scratch(c, ST_SCR_ATTQ, qb + sizeof(float2) * (size_t)a->n * (vd / 32));
-        if (!buf) return; // error kept
-        oq = (int8_t *)buf, ods = (float2 *)(buf + qb);
-    }
+    if (wo && st_cuda_q8_takes(wo, a->n) && wo->cols == (int64_t)a->h_v * a->d && dn_wo_q8_on() &&
+        !(oq = st_cuda_proj_buf(c, a->n, (size_t)wo->cols, &ods)))
+        return; // error kept
     // The conv inside where each block owns its channels' state rows (r = 1), or in clusters of
     // the r heads of a key head.
     bool conv_in = a->kernel >= 1 && a->kernel <= DN_MAX_K &&
@@ -315,9 +309,7 @@ void st_cuda_deltanet(st_backend *b, const st_deltanet_args *a) {
         st_launch(c, deltanet_head_kernel<false>, grid, DN_WARPS * 32, 0, *a, oq, ods);
     }
     ST_CU_LAUNCHED(c, "deltanet");
-    if (!wo) return;
-    if (q8 && st_cuda_matmul_q8(b, wo, oq, ods, a->n, a->y, a->n == 1 ? st_cuda_o_spread() : 0)) return;
-    st_cuda_matmul(b, wo, a->out, a->n, a->y);
+    if (wo) st_cuda_project(b, wo, oq, ods, a->out, a->n, a->y);
 }
 
 // ---------------------------------------------------------------------------------------------

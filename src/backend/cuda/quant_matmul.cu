@@ -83,8 +83,6 @@ static bool quant_tables(st_cuda *c) {
     return true;
 }
 
-static bool is_float_type(st_type t) { return t == ST_TYPE_F32 || t == ST_TYPE_F16 || t == ST_TYPE_BF16; }
-
 
 bool st_cuda_type_supported(st_type t) {
     switch (t) {
@@ -549,7 +547,7 @@ static void mmv_launch(st_cuda *c, const st_mat *w, const st_mv_in &in, int n, f
     size_t smem = nm ? sizeof(float) * (size_t)n * cols : 0;
     // One normed row of a float matrix (the routers): from registers (STRATA_MVF_REGS=0: rms_row
     // then row_dot_f, the same bits).
-    bool regs = nm && n == 1 && is_float_type(w->type) && cols % 256 == 0 && cols <= 256 * ST_MVF_KEEP &&
+    bool regs = nm && n == 1 && st_cuda_float_type(w->type) && cols % 256 == 0 && cols <= 256 * ST_MVF_KEEP &&
                 cols / 4 <= ST_NQ_KEEP * 32 * ST_CUQ_WARPS && w->row_bytes % 16 == 0 && ((uintptr_t)wd & 15) == 0 &&
                 ((uintptr_t)nm->x & 15) == 0 && ((uintptr_t)nm->y & 15) == 0 && ((uintptr_t)nm->w & 15) == 0 &&
                 nm->w && !env_is_0("STRATA_MVF_REGS");
@@ -1336,7 +1334,7 @@ static void matmul_gemm(st_cuda *c, const st_mat *w, const float *x, int n, floa
         return;
     }
 strided:
-    if (is_float_type(w->type)) {
+    if (st_cuda_float_type(w->type)) {
         // Padded float rows: f32 pieces and exact SGEMMs.
         int64_t piece = (int64_t)(ST_CUQ_DEQ_BYTES / (sizeof(float) * (size_t)cols));
         piece = piece < 128 ? 128 : piece / 128 * 128;
@@ -1388,7 +1386,7 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
         matmul_gemm(c, w, x, n, y);
         return;
     }
-    if (!is_float_type(w->type) && !env_on("STRATA_CUQ_OLD")) {
+    if (!st_cuda_float_type(w->type) && !env_on("STRATA_CUQ_OLD")) {
         bool done = false;
         switch (w->type) {
 #define CASE(T) case T: done = mmv2_launch<T>(c, 1, &w, x, n, &y); break;
@@ -1399,7 +1397,7 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
         if (done) return;
     }
     st_mv_in in = {{NULL, NULL, 0}, x, w->cols};
-    if (!is_float_type(w->type)) {
+    if (!st_cuda_float_type(w->type)) {
         in.a = quantize_act(c, ST_SCR_ACT, x, n, (int)w->cols);
         if (!in.a.q) return;
     }
@@ -1412,11 +1410,15 @@ void st_cuda_matmul(st_backend *b, const st_mat *w, const float *x, int n, float
     }
 }
 
+bool st_cuda_q8_takes(const st_mat *w, int n) {
+    return n <= ST_CUDA_GRAPH_ROWS && !st_cuda_float_type(w->type) && w->cols % 32 == 0 && !env_on("STRATA_CUQ_OLD");
+}
+
 bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const float2 *xds, int n, float *y,
                        unsigned spread_ns) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || c->err) return true;
-    if (n > ST_CUDA_GRAPH_ROWS || is_float_type(w->type) || w->cols % 32 || env_on("STRATA_CUQ_OLD")) return false;
+    if (!st_cuda_q8_takes(w, n)) return false;
     if (!check_mat(c, "matmul", w->type, w->cols, w->rows, w->data, w->row_bytes) || !quant_tables(c)) return true;
     bool done = false;
     switch (w->type) {
@@ -1428,6 +1430,35 @@ bool st_cuda_matmul_q8(st_backend *b, const st_mat *w, const int8_t *xq, const f
     return done;
 }
 
+int8_t *st_cuda_proj_buf(st_cuda *c, int n, size_t cols, float2 **ds) {
+    size_t qb = ((size_t)n * cols + 255) / 256 * 256;
+    char *buf = (char *)st_cuda_scratch(c, ST_SCR_ATTQ, qb + sizeof(float2) * (size_t)n * (cols / 32));
+    *ds = buf ? (float2 *)(buf + qb) : NULL;
+    return (int8_t *)buf;
+}
+
+// ns over which the decode output projection's blocks spread their weights' staged copies. They
+// launch early and stage beside the mixer; all at once, that 8.9 MB burst (30B-A3B) slowed
+// attention's blocks by ~3 us (they end 3.2 us sooner when the projection launches after them,
+// though that loses more than it saves). Spread over 4 us: attention's blocks end 1.3 us sooner,
+// 30B-A3B decode +1.9% on an H100, Next +0.4% (bench/results/2026-12-05-prepared-measured.md).
+// STRATA_O_SPREAD_NS=N for A/B runs (0: all at once); read once.
+static unsigned o_spread(void) {
+    static int ns = -1;
+    if (ns < 0) {
+        const char *e = getenv("STRATA_O_SPREAD_NS");
+        ns = e ? atoi(e) : 4000;
+        ns = ns < 0 ? 0 : ns > 100000 ? 100000 : ns;
+    }
+    return (unsigned)ns;
+}
+
+void st_cuda_project(st_backend *b, const st_mat *w, const int8_t *q, const float2 *ds, const float *x, int n,
+                     float *y) {
+    if (q && st_cuda_matmul_q8(b, w, q, ds, n, y, n == 1 ? o_spread() : 0)) return;
+    st_cuda_matmul(b, w, x, n, y);
+}
+
 void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const float *x, int n, float *const *y) {
     st_cuda *c = st_cuda_of(b);
     if (n <= 0 || nw <= 0 || nw > ST_MATMUL_MANY || c->err) return;
@@ -1436,7 +1467,7 @@ void st_cuda_matmul_many(st_backend *b, int nw, const st_mat *const *w, const fl
     bool done[ST_MATMUL_MANY] = {false};
     bool windows = n < ST_CUQ_GEMM_FROM && !env_on("STRATA_CUQ_OLD");
     for (int i = 0; i < nw; i++) {
-        if (done[i] || !windows || is_float_type(w[i]->type)) continue;
+        if (done[i] || !windows || st_cuda_float_type(w[i]->type)) continue;
         const st_mat *gw[ST_MATMUL_MANY];
         float *gy[ST_MATMUL_MANY];
         int g = 0;
@@ -1479,7 +1510,7 @@ void st_cuda_norm_matmul(st_backend *b, const float *x, const float *y, float *x
     if (fuse && !quant_tables(c)) return;
     st_norm_in nm = {x, y, xo, xn, norm_w, eps};
     bool done[ST_MATMUL_MANY] = {false}, fused = false;
-    if (fuse && !is_float_type(w[0]->type)) {
+    if (fuse && !st_cuda_float_type(w[0]->type)) {
         const st_mat *gw[ST_MATMUL_MANY];
         float *gy[ST_MATMUL_MANY];
         int g = 0;
@@ -2609,7 +2640,7 @@ static bool moe2_fits(const st_moe_args *a) {
     const st_mat3 *gate = a->gate, *up = a->up, *down = a->down;
     int64_t d = gate->cols, F = gate->rows;
     return a->n <= ST_CUDA_GRAPH_ROWS && gate->n > 0 && !env_on("STRATA_CUQ_OLD") && gate->type == up->type &&
-           !is_float_type(gate->type) && !is_float_type(down->type) && !((uintptr_t)a->x & 15) &&
+           !st_cuda_float_type(gate->type) && !st_cuda_float_type(down->type) && !((uintptr_t)a->x & 15) &&
            a->n * a->k <= ST_CUQ_PLAN_MAX && (a->n == 1 || moe_route_count(a) <= ST_MOE2_ROUTE_MAX) && d % 32 == 0 &&
            F % 32 == 0 && ST_MOE2_SMEM_MAX / (d + d / 4) >= 1 && ST_MOE2_SMEM_MAX / (F + F / 4) >= 1;
 }
@@ -2756,7 +2787,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
     p.k = k;
     p.in.x = a->x;
     p.in.ldx = d;
-    if (!is_float_type(gate->type) || !is_float_type(up->type)) {
+    if (!st_cuda_float_type(gate->type) || !st_cuda_float_type(up->type)) {
         p.in.a = quantize_act(c, ST_SCR_ACT, a->x, n, (int)d);
         if (!p.in.a.q) return;
     }
@@ -2800,7 +2831,7 @@ static void moe_small(st_cuda *c, const st_moe_args *a) {
     q.in.x = h;
     q.in.ldx = F;
     q.in.a.q = NULL;
-    if (!is_float_type(down->type)) {
+    if (!st_cuda_float_type(down->type)) {
         q.in.a = quantize_act(c, ST_SCR_MOE2, h, na, (int)F);
         if (!q.in.a.q) return;
     }
@@ -2876,7 +2907,7 @@ enum st_in_kind { ST_IN_F32, ST_IN_F16, ST_IN_BF16 };
 static st_in_kind pass_in(st_type t, int64_t cols, size_t row_bytes) {
     if (t == ST_TYPE_F16 && row_bytes == 2 * (size_t)cols) return ST_IN_F16;
     if (t == ST_TYPE_BF16 && row_bytes == 2 * (size_t)cols) return ST_IN_BF16;
-    if (is_float_type(t)) return ST_IN_F32;
+    if (st_cuda_float_type(t)) return ST_IN_F32;
     return ST_IN_BF16;
 }
 static size_t in_size(st_in_kind k) { return k == ST_IN_F32 ? 4 : 2; }
@@ -2946,13 +2977,13 @@ static void moe_big_pass(st_cuda *c, const st_mat3 *w, const st_moe_groups *gr, 
     st_in_kind kind = pass_in(w->type, cols, w->row_bytes);
     size_t esz = in_size(kind);
     cudaDataType xt = in_cuda(kind);
-    if (!is_float_type(w->type) && gmm) {
+    if (!st_cuda_float_type(w->type) && gmm) {
         st_gmm_args g = {(const uint8_t *)w->data, w->row_bytes, w->mat_bytes, rows, (int)cols,
                          (const __nv_bfloat16 *)xin, out, rows, gr->tiles, 0, NULL, 0, 0, NULL};
         gmm_launch(c, w->type, g, gr->ntiles);
         return;
     }
-    if (is_float_type(w->type) && (size_t)cols * st_type_get(w->type)->block_bytes == w->row_bytes) {
+    if (st_cuda_float_type(w->type) && (size_t)cols * st_type_get(w->type)->block_bytes == w->row_bytes) {
         // Float weights in place: one GEMM per expert with the weights' own type.
         for (int i = 0; i < gr->n_used; i++) {
             int e = gr->used[i];
@@ -3059,7 +3090,7 @@ static void moe_big(st_cuda *c, const st_moe_args *a) {
 
     moe_gather(c, kg, a->x, order, valid, k, (int)d, xg);
     if (ku != kg) moe_gather(c, ku, a->x, order, valid, k, (int)d, xu);
-    if (gmm && gate->type == up->type && !is_float_type(gate->type) && kd == ST_IN_BF16) {
+    if (gmm && gate->type == up->type && !st_cuda_float_type(gate->type) && kd == ST_IN_BF16) {
         // Gate and up in one launch, h = silu(gate) · up written as bf16 by the GEMM.
         st_gmm_args gg = {(const uint8_t *)gate->data, gate->row_bytes, gate->mat_bytes, F, (int)d,
                           (const __nv_bfloat16 *)xg, NULL, F, gr.tiles, 0,
@@ -3106,7 +3137,7 @@ static void moe_dispatch(st_cuda *c, const st_moe_args *a, bool *gated) {
             !check_mat(c, "moe down", dn->type, dn->cols, dn->rows, dn->data, dn->row_bytes) || !quant_tables(c))
             return;
         // Activations are quantized in blocks of 32 along d (gate, up) and F (down).
-        if ((!is_float_type(g->type) && g->cols % 32) || (!is_float_type(dn->type) && dn->cols % 32)) {
+        if ((!st_cuda_float_type(g->type) && g->cols % 32) || (!st_cuda_float_type(dn->type) && dn->cols % 32)) {
             CUQ_FAIL(c, "moe: layer %d: sizes not multiples of 32", a->layer);
             return;
         }
