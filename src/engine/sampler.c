@@ -28,13 +28,23 @@ static uint64_t rng_next(uint64_t s[4]) {
 
 static double rng_uniform(uint64_t s[4]) { return (rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
+// The first setting out of its range, named alone (the comparisons are written so NaN fails).
+static st_status check_sampling(const strata_sampling *p) {
+    const char *m = "sampling: %s %g must be %s";
+    if (!(p->temperature >= 0)) return st_fail(ST_ERR_ARG, m, "temperature", p->temperature, ">= 0 (0: greedy)");
+    if (p->top_k < 0) return st_fail(ST_ERR_ARG, m, "top_k", (double)p->top_k, ">= 0 (0: off)");
+    if (!(p->top_p > 0 && p->top_p <= 1)) return st_fail(ST_ERR_ARG, m, "top_p", p->top_p, "in (0, 1] (1: off)");
+    if (!(p->min_p >= 0 && p->min_p <= 1)) return st_fail(ST_ERR_ARG, m, "min_p", p->min_p, "in [0, 1] (0: off)");
+    if (!(p->repeat_penalty > 0))
+        return st_fail(ST_ERR_ARG, m, "repeat_penalty", p->repeat_penalty, "> 0 (1: off)");
+    if (p->penalty_last_n < 0) return st_fail(ST_ERR_ARG, m, "penalty_last_n", (double)p->penalty_last_n, ">= 0");
+    return ST_OK;
+}
+
 st_status st_sampler_create(const strata_sampling *p, int n_vocab, st_sampler **out) {
     *out = NULL;
-    if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) ||
-        !(p->min_p >= 0 && p->min_p <= 1) || !(p->repeat_penalty > 0) || p->penalty_last_n < 0)
-        return st_fail(ST_ERR_ARG, "sampling: temperature %g must be >= 0, top_k %d >= 0, top_p %g in (0, 1], "
-                       "min_p %g in [0, 1], repeat_penalty %g > 0, penalty_last_n %d >= 0",
-                       p->temperature, p->top_k, p->top_p, p->min_p, p->repeat_penalty, p->penalty_last_n);
+    st_status st = check_sampling(p);
+    if (st != ST_OK) return st;
     st_sampler *s = st_calloc(1, sizeof *s);
     if (!s) return ST_ERR_NOMEM;
     s->p = *p;

@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/engine.h"
@@ -147,16 +148,33 @@ static void test_seed_reproducible(void **state) {
     assert_true(memcmp(a, b, sizeof a) != 0);
 }
 
+// Each setting out of range is refused, and the message names that setting and no other.
 static void test_bad_params(void **state) {
     (void)state;
-    st_sampler *s;
-    strata_sampling p = base();
-    p.top_p = 0;
-    assert_int_equal(st_sampler_create(&p, V, &s), ST_ERR_ARG);
-    assert_non_null(strstr(st_error(), "top_p"));
-    p = base();
-    p.temperature = -1;
-    assert_int_equal(st_sampler_create(&p, V, &s), ST_ERR_ARG);
+    static const char *names[] = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "penalty_last_n"};
+    for (int i = 0; i < 6; i++) {
+        strata_sampling p = base();
+        switch (i) {
+        case 0: p.temperature = -1; break;
+        case 1: p.top_k = -2; break;
+        case 2: p.top_p = 0; break;
+        case 3: p.min_p = NAN; break;
+        case 4: p.repeat_penalty = 0; break;
+        case 5: p.penalty_last_n = -1; break;
+        }
+        st_sampler *s;
+        assert_int_equal(st_sampler_create(&p, V, &s), ST_ERR_ARG);
+        assert_null(s);
+        const char *e = st_error();
+        assert_non_null(strstr(e, names[i]));
+        for (int j = 0; j < 6; j++) {
+            // (a name followed by a space: "penalty" alone is in two of them)
+            if (j == i) continue;
+            char word[32];
+            snprintf(word, sizeof word, "%s ", names[j]);
+            assert_null(strstr(e, word));
+        }
+    }
 }
 
 int main(void) {
