@@ -83,7 +83,6 @@ static bool quant_tables(st_cuda *c) {
     return true;
 }
 
-
 bool st_cuda_type_supported(st_type t) {
     switch (t) {
 #define CASE(T) case T:
