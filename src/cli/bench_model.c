@@ -24,7 +24,7 @@ static void usage(FILE *f) {
                "  --batch N          prompt chunk (default: 2048 on a GPU that holds the whole model,\n"
                "                     else 512)\n"
                "  --kv f16|q8_0      KV cache type (default f16)\n"
-               "  --ctx N            context the GPU's memory is planned for (default: the longest test\n"
+               "  -c, --ctx N        context the GPU's memory is planned for (default: the longest test\n"
                "                     + 16, the context each test opens, as llama-bench sizes its own;\n"
                "                     what is not planned for the KV cache goes to the expert cache)\n");
 }

@@ -65,8 +65,9 @@ bool st_cli_device_opt(int argc, char **argv, int *i, strata_model_params *mp, b
 
 // Prints "strata: <message>" for a failed status and returns exit code 1.
 int st_cli_fail(st_status s);
-// "--flag" matching helpers: true when argv[*i] is `name`; then *value is the next argument
-// (a missing value prints a usage error and sets *bad).
+// "--flag" matching helpers: true when argv[*i] is `name` (or one of its other spellings:
+// --ctx also answers to --ctx-size and -c); then *value is the next argument (a missing value
+// prints a usage error and sets *bad).
 bool st_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad);
 // Parses an integer / float argument, printing a clear error naming the flag when malformed.
 bool st_cli_int(const char *flag, const char *text, int64_t lo, int64_t hi, int64_t *out);

@@ -19,7 +19,7 @@ static void usage(FILE *f) {
             "  --text T             text, tokenized with the model's tokenizer (no special tokens)\n"
             "  --logits FILE        output file\n"
             "  --batch N            rows per forward call (default 512; 1 = token by token)\n"
-            "  --ctx N              context size (default: the number of tokens)\n"
+            "  -c, --ctx N          context size (default: the number of tokens)\n"
             "  --kv f16|q8_0        KV cache type (default f16)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
             ST_CLI_DEVICE_HELP

@@ -33,7 +33,7 @@ typedef struct gen_opts {
 static const char *common_help =
     "  -m, --model FILE       GGUF model (default " DEFAULT_MODEL ")\n"
     "  -t, --threads N        CPU threads (default: all cores)\n"
-    "  --ctx N                context size (default: the model's, capped by memory)\n"
+    "  -c, --ctx N            context size (default: the model's, capped by memory)\n"
     "  --batch N              prompt chunk size (default: 2048 on a GPU that holds the whole\n"
     "                         model, else 512)\n"
     "  --kv f16|q8_0          KV cache type (default f16)\n"

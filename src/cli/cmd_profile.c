@@ -28,7 +28,7 @@ static void usage(FILE *f) {
             "  -f, --file FILE      a prompt file (- for stdin); give -f several times for several\n"
             "  -o, --out FILE       the profile to write (default: the model's path with .gguf\n"
             "                       replaced by .profile, where the engine looks for it)\n"
-            "  --ctx N              tokens of each file that are used (default 4096; the rest is cut)\n"
+            "  -c, --ctx N          tokens of each file that are used (default 4096; the rest is cut)\n"
             "  --batch N            rows per forward call (default 512)\n"
             "  --chat               wrap each file as one user message in the model's chat template\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"

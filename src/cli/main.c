@@ -87,10 +87,21 @@ int st_cli_fail(st_status s) {
     return 1;
 }
 
+// Other spellings of a flag, for users coming from llama.cpp (-c, --ctx-size).
+static const char *const cli_aliases[][3] = {{"--ctx", "--ctx-size", "-c"}};
+
+static bool cli_flag_is(const char *arg, const char *name) {
+    if (!strcmp(arg, name)) return true;
+    for (size_t k = 0; k < sizeof cli_aliases / sizeof cli_aliases[0]; k++)
+        if (!strcmp(cli_aliases[k][0], name) && (!strcmp(arg, cli_aliases[k][1]) || !strcmp(arg, cli_aliases[k][2])))
+            return true;
+    return false;
+}
+
 bool st_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad) {
-    if (strcmp(argv[*i], name) != 0) return false;
+    if (!cli_flag_is(argv[*i], name)) return false;
     if (*i + 1 >= argc) {
-        fprintf(stderr, "strata %s: %s needs a value\n", argv[0], name);
+        fprintf(stderr, "strata %s: %s needs a value\n", argv[0], argv[*i]);
         *bad = true;
         *value = NULL;
         return true;

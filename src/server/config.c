@@ -36,7 +36,7 @@ static const key keys[] = {
     {"parallel", "--parallel", "-np", K_INT, OFF(parallel), 1, 64, false, "N    slots generating at once (default 1)"},
     {"queue", "--queue", NULL, K_INT, OFF(queue), 0, 100000, false,
      "N       requests that may wait for a slot; beyond, 503 (default 64)"},
-    {"ctx", "--ctx", NULL, K_INT, OFF(ctx), 0, 1 << 24, false,
+    {"ctx", "--ctx", "-c", K_INT, OFF(ctx), 0, 1 << 24, false,
      "N         context per slot (default: the model's, capped by RAM)"},
     {"batch", "--batch", NULL, K_INT, OFF(batch), 1, 65536, false, "N       prompt tokens per step (default 512)"},
     {"threads", "--threads", "-t", K_INT, OFF(threads), 0, 1024, false, "N     CPU threads (default: all cores)"},

@@ -95,6 +95,16 @@ def test_perplexity_matches_eval_logits(model, tmp_path):
     assert abs(ppl - np.exp(nll / count)) < 1e-3 * ppl
 
 
+def test_ctx_answers_to_llama_cpp_spellings(model, tmp_path):
+    (tmp_path / "t.txt").write_text("def add(a, b):\n    return a + b\n" * 3)
+    outs = [run("perplexity", "-m", model, "-f", tmp_path / "t.txt", flag, 8) for flag in ("--ctx", "-c", "--ctx-size")]
+    for r in outs:
+        assert r.returncode == 0, r.stderr
+    assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+    r = run("generate", "-m", model, "-p", "x", "-c")  # the flag as typed is named
+    assert r.returncode in (1, 2) and b"-c needs a value" in r.stderr
+
+
 @pytest.mark.parametrize("args,msg", [
     (["generate", "-m", "{m}"], b"-p TEXT or -f FILE"),
     (["generate", "-m", "{m}", "-p", "x", "--temp", "abc"], b"--temp"),
