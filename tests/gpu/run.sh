@@ -70,15 +70,33 @@ step unit && [ -n "$ALT" ] && for t in "$B"/test_cuda_*; do
   row "$n ($ALT)" "$r" "$(grep -E 'PASSED|FAILED' "$OUT/$n.alt.log" | tail -1 | tr -s ' ')"
 done
 
-# The CUDA kernel tests again under compute-sanitizer (memory errors, then shared-memory races).
+# The CUDA kernel tests again under compute-sanitizer (memory errors, then shared-memory races),
+# the four runs at once (each is mostly the host's instrumentation: ~5 minutes together on an
+# H100). racecheck reports races inside cuBLAS's Hopper kernels (nvjet_*: NVIDIA's own
+# asynchronous copies, which it does not follow; leaving them out with --kernel-name-exclude
+# skips running them, and the tests fail on their missing results): a racecheck run passes when
+# the tests pass and every error it reports is in those. Strata's mbarrier set-up shows as
+# warnings (its init fence and the cluster barrier order it; racecheck does not follow them).
 if step sanitize && command -v compute-sanitizer >/dev/null; then
+  for t in "$B"/test_cuda_*; do
+    [ -x "$t" ] || continue
+    for tool in memcheck racecheck; do
+      ( STRATA_SOURCE_DIR="$PWD" STRATA_TEST_QUICK=1 timeout 560 compute-sanitizer --tool $tool \
+          --error-exitcode 3 "$t" >"$OUT/$(basename "$t").$tool.log" 2>&1; echo "rc=$?" >>"$OUT/$(basename "$t").$tool.log" ) &
+    done
+  done
+  wait
   for t in "$B"/test_cuda_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t")
     for tool in memcheck racecheck; do
-      if STRATA_SOURCE_DIR="$PWD" STRATA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 \
-          "$t" >"$OUT/$n.$tool.log" 2>&1; then r=pass; else r=FAIL; fi
-      row "$n ($tool)" "$r" "$(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/$n.$tool.log" | tail -1 | tr -s ' ')"
+      f=$OUT/$n.$tool.log
+      if [ "$(tail -1 "$f")" = rc=0 ]; then r=pass; else r=FAIL; fi
+      if [ $tool = racecheck ] && [ $r = FAIL ] && grep -q '\[  PASSED  \]' "$f" && ! grep -q 'FAILED' "$f" &&
+          ! grep 'Error: Race reported' "$f" | grep -qv nvjet_; then
+        r=pass # (every error in cuBLAS's nvjet kernels)
+      fi
+      row "$n ($tool)" "$r" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/$n.$tool.log" | tail -1 | tr -s ' ')"
     done
   done
 fi
