@@ -2,7 +2,9 @@
 # GPU benchmarks of whole models (issue 6): synthetic models with Q4_K experts at the shapes of
 # Qwen3-30B-A3B and Qwen3-Next-80B-A3B (made here by synth_gguf.py; the disk holds one at a time)
 # and the tiny model: decode tokens/s (batch 1, 128 tokens after a warm-up) and prompt tokens/s
-# (512, 2048, 8192), each next to its bound. Logs in $OUT.
+# (512, 2048, 8192), each next to its bound; then llama.cpp's llama-bench on the same file (the
+# whole model on the GPU) where one is at hand: $LLAMA_BENCH, or the binaries packed by
+# bench/llamacpp/pack_binaries.sh (.pack/llama-bin.tar.xz, unpacked to /tmp/llama). Logs in $OUT.
 #
 #   tests/gpu/bench.sh BUILD_DIR [tiny] [30b] [80b]
 set -uo pipefail
@@ -11,10 +13,19 @@ B=$1; shift
 OUT=${OUT:-/tmp/strata-gpu}
 MODELS=${MODELS_DIR:-/tmp/strata-models}
 mkdir -p "$OUT" "$MODELS"
+LB=${LLAMA_BENCH:-}
+if [ -z "$LB" ] && [ -f .pack/llama-bin.tar.xz ]; then
+  tar -C /tmp -xJf .pack/llama-bin.tar.xz && LB=/tmp/llama/llama-bench
+fi
 
 bench() { # name file
   echo "== bench $1"
   "$B/strata" bench -m "$2" --gpu 0 --prompt 512,2048,8192 --batch 2048 --decode 128 2>&1 | tee "$OUT/bench-$1.txt"
+  if [ -n "$LB" ]; then
+    echo "== llama.cpp $1 (llama-bench -ngl 99 -fa 1)"
+    LD_LIBRARY_PATH="$(dirname "$LB"):${LD_LIBRARY_PATH:-}" timeout 600 "$LB" -m "$2" -ngl 99 -fa 1 -p 512,2048,8192 \
+      -n 128 -r 2 2>&1 | grep -E '^\||error' | tee "$OUT/llama-$1.txt"
+  fi
   # Where decode and prompt time goes, per op (CUDA events around each op; graphs off).
   if [ -n "${STRATA_PROFILE:-}" ]; then
     STRATA_CUDA_PROFILE=1 "$B/strata" bench -m "$2" --gpu 0 --prompt 0 --decode 32 2>&1 | sed -n '/GPU time per op/,$p' \
