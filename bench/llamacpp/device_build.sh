@@ -57,6 +57,10 @@ fi
 srcdir=$bdir/src/llama.cpp
 [[ -f $srcdir/CMakeLists.txt ]] || die "$tarball does not hold llama.cpp/CMakeLists.txt"
 
+# whether this machine has the CUDA driver (libcuda.so.1): the CPU machines do not
+have_driver=false
+ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' && have_driver=true
+
 # 2. configure (once per option set)
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
@@ -79,8 +83,7 @@ cuda)
     # A machine without the driver (the CPU machines) cannot link llama-bench against
     # libggml-cuda, which needs libcuda.so.1: leave those symbols to the GPU machine's loader
     # (then pack_binaries.sh carries the build there).
-    ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' ||
-        opts+=(-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined) ;;
+    $have_driver || opts+=(-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined) ;;
 cpu) opts+=(-DGGML_CUDA=OFF) ;;
 *) die "BACKEND must be cuda or cpu, not '$backend'" ;;
 esac
@@ -128,7 +131,7 @@ bin=$obj/bin/llama-bench
 # a stable path: BUILD_DIR/bin/llama-bench (libs found through the build RPATH)
 mkdir -p "$bdir/bin"
 ln -sf "$bin" "$bdir/bin/llama-bench"
-if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' || [[ $backend != cuda ]]; then
+if $have_driver || [[ $backend != cuda ]]; then
     "$bin" --help >/dev/null 2>&1 || die "$bin does not run (see: $bin --help)"
 else
     echo "device_build: no CUDA driver here, so $bin was not run; bench/llamacpp/pack_binaries.sh packs it for the GPU machine"

@@ -81,8 +81,9 @@ if step sanitize && command -v compute-sanitizer >/dev/null; then
   for t in "$B"/test_cuda_*; do
     [ -x "$t" ] || continue
     for tool in memcheck racecheck; do
+      f=$OUT/$(basename "$t").$tool.log
       ( STRATA_SOURCE_DIR="$PWD" STRATA_TEST_QUICK=1 timeout 560 compute-sanitizer --tool $tool \
-          --error-exitcode 3 "$t" >"$OUT/$(basename "$t").$tool.log" 2>&1; echo "rc=$?" >>"$OUT/$(basename "$t").$tool.log" ) &
+          --error-exitcode 3 "$t" >"$f" 2>&1; echo "rc=$?" >>"$f" ) &
     done
   done
   wait
@@ -96,7 +97,7 @@ if step sanitize && command -v compute-sanitizer >/dev/null; then
           ! grep 'Error: Race reported' "$f" | grep -qv nvjet_; then
         r=pass # (every error in cuBLAS's nvjet kernels)
       fi
-      row "$n ($tool)" "$r" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/$n.$tool.log" | tail -1 | tr -s ' ')"
+      row "$n ($tool)" "$r" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$f" | tail -1 | tr -s ' ')"
     done
   done
 fi
