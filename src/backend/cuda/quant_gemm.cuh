@@ -270,8 +270,9 @@ __global__ void __launch_bounds__(ST_GM_THREADS) gmm_kernel(st_gmm_args p) {
 // a K-quant or an IQ type, two 32-column blocks of the others) are copied to shared memory with
 // cp.async while the current span is dequantized and multiplied, so dequantizing reads shared
 // memory. Each row's copy starts at the 16-byte boundary at or before its span (cp.async moves
-// 16 aligned bytes; blocks of 34, 210, ... bytes are only 2-byte aligned) and keeps the
-// address's offset within 16 bytes, so unpack sees the alignment it sees in global memory.
+// 16 aligned bytes; blocks of 34, 210, ... bytes are only 2-byte aligned; the bytes before the
+// span are the row's or the row before's) and keeps the address's offset within 16 bytes, so
+// unpack sees the alignment it sees in global memory; the last piece ends at the span's end.
 // Same dequantized values, same products in the same order: the same bits as gmm_kernel.
 template <int T> struct gmm_stage {
     static constexpr int QK = st_qt<T>::QK, BS = st_qt<T>::BS, CPB = QK / 32;
@@ -313,8 +314,21 @@ __global__ void __launch_bounds__(ST_GM_THREADS, MINB) gmm_staged_kernel(st_gmm_
             int r = v / G::PIECES, j = v % G::PIECES;
             bool ok;
             const uint8_t *src = gmm_wrow(p, mat, r0, r, &ok) + (size_t)b0 * G::BS;
-            uintptr_t a = (uintptr_t)src & ~(uintptr_t)15, e = ((uintptr_t)src + (size_t)nb * G::BS + 15) & ~(uintptr_t)15;
-            if (ok && a + 16 * (uintptr_t)j < e) st_cp_async16(buf + r * G::RS + 16 * j, (const void *)(a + 16 * j), true);
+            // (the last piece stops at the span's end: past the matrix's last row there may be
+            // no memory; compute-sanitizer's memcheck found that read)
+            uintptr_t end = (uintptr_t)src + (size_t)nb * G::BS, a = (uintptr_t)src & ~(uintptr_t)15;
+            uintptr_t at = a + 16 * (uintptr_t)j;
+            if (!ok || at >= end) continue;
+            if (end - at >= 16) {
+                st_cp_async16(buf + r * G::RS + 16 * j, (const void *)at, true);
+            } else { // halfwords up to the end (blocks have even sizes), zeros after
+                uint32_t u[4] = {0, 0, 0, 0};
+                const int nh = (int)(end - at) / 2;
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (k < nh) u[k / 2] |= (uint32_t)((const uint16_t *)at)[k] << (16 * (k & 1));
+                *(uint4 *)(buf + r * G::RS + 16 * j) = make_uint4(u[0], u[1], u[2], u[3]);
+            }
         }
         st_cp_commit();
     };
