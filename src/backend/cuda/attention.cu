@@ -86,8 +86,9 @@ typedef struct attn_params {
     float rope_base, eps;
     size_t extra;             // dynamic shared memory beyond attn_shape::smem (the fused norms)
     // Last block combines: with ns > 1 the block that finishes last for its (query tile, kv
-    // head) merges the splits (counter: attn_counters[hk * gridDim.x + query tile]), so no
-    // combine kernel runs. NULL: attn_combine_kernel runs after.
+    // head) merges the splits (counter: attn_counters[hk * gridDim.x + query tile]; in clusters
+    // one for each rank, [that · cs + rank]), so no combine kernel runs. NULL: attn_combine_kernel
+    // runs after.
     unsigned *counters;
     // The first tile's rows of earlier steps are read before the wait even when the tile also
     // holds new rows (patched in after): STRATA_ATTN_EARLY=0 reads such a tile after (A/B).
@@ -239,29 +240,59 @@ __device__ __forceinline__ int attn_active_splits(int T, int ns, int align) {
     return min(ns, (T + chunk - 1) / chunk);
 }
 
-// One head of D values (v: lane's elements e·32 + lane, loaded by the caller so that a block's
-// loads fly together) normalized with weights w (the same lanes' elements; NULL: none) and
+// N heads of D values each (v: lane's elements e·32 + lane, loaded by the caller so that a block's
+// loads fly together; the heads' chains interleaved, each head's operations unchanged) normalized
+// with weights w (the same lanes' elements; NULL: none) and
 // rotated with the row's angles cs ((half) cos, (half) sin) into out (shared memory), by one
 // warp: norm_rope_kernel's operations in its order, so the values are the ones that kernel writes.
+template <int EPL, int N>
+__device__ __forceinline__ void attn_norm_rope(const float (&v)[N][EPL], const float (&w)[N][EPL],
+                                               const float *const (&cs)[N], int half, float eps,
+                                               float *const (&out)[N]) {
+    constexpr int D = EPL * 32;
+    int lane = threadIdx.x & 31;
+    float ss[N];
+#pragma unroll
+    for (int h = 0; h < N; h++) {
+        ss[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) ss[h] += v[h][e] * v[h][e];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int h = 0; h < N; h++) ss[h] += __shfl_xor_sync(0xffffffffu, ss[h], o);
+    }
+#pragma unroll
+    for (int h = 0; h < N; h++) {
+        float s = 1.0f / sqrtf(ss[h] / D + eps);
+#pragma unroll
+        for (int e = 0; e < EPL; e++) out[h][lane + 32 * e] = v[h][e] * s * w[h][e];
+    }
+    __syncwarp();
+    for (int k = lane; k < half; k += 32) {
+        float c[N], sn[N], x0[N], x1[N]; // every head's loads before the stores (which may alias them)
+#pragma unroll
+        for (int h = 0; h < N; h++) c[h] = cs[h][k], sn[h] = cs[h][half + k], x0[h] = out[h][k], x1[h] = out[h][k + half];
+        // x0 c − x1 sn and x1 c + x0 sn with the contractions ptxas chose for one head (left to
+        // itself it contracted the second differently for two: other bits).
+#pragma unroll
+        for (int h = 0; h < N; h++) {
+            out[h][k] = __fmaf_rn(x0[h], c[h], -__fmul_rn(x1[h], sn[h]));
+            out[h][k + half] = __fmaf_rn(x0[h], sn[h], __fmul_rn(x1[h], c[h]));
+        }
+    }
+    __syncwarp();
+}
+// One head.
 template <int EPL>
 __device__ __forceinline__ void attn_norm_rope(const float (&v)[EPL], const float (&w)[EPL], const float *cs, int half,
                                                float eps, float *out) {
-    constexpr int D = EPL * 32;
-    int lane = threadIdx.x & 31;
-    float ss = 0.0f;
+    float v1[1][EPL], w1[1][EPL];
 #pragma unroll
-    for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    float s = 1.0f / sqrtf(ss / D + eps);
-#pragma unroll
-    for (int e = 0; e < EPL; e++) out[lane + 32 * e] = v[e] * s * w[e];
-    __syncwarp();
-    for (int k = lane; k < half; k += 32) {
-        float c = cs[k], sn = cs[half + k], x0 = out[k], x1 = out[k + half];
-        out[k] = x0 * c - x1 * sn;
-        out[k + half] = x1 * c + x0 * sn;
-    }
-    __syncwarp();
+    for (int e = 0; e < EPL; e++) v1[0][e] = v[e], w1[0][e] = w[e];
+    const float *const cs1[1] = {cs};
+    float *const out1[1] = {out};
+    attn_norm_rope<EPL, 1>(v1, w1, cs1, half, eps, out1);
 }
 
 // A lane's elements e·32 + lane of a head (x, global), or of the norm weights (1 where none).
@@ -271,6 +302,18 @@ template <int EPL> __device__ __forceinline__ void attn_load_head(const float *x
     for (int e = 0; e < EPL; e++) v[e] = x ? x[lane + 32 * e] : 1.0f;
 }
 
+// Chunk e of 32 of row-head rh's outputs (x: the lane's element e·32 + lane, g its gate), gated,
+// stored and quantized as attn_store_out treats each e.
+template <int EPL, bool GATE>
+__device__ __forceinline__ void attn_store_chunk(const attn_params &p, size_t rh, float x, float g, int e, int lane) {
+    constexpr int D = EPL * 32;
+    const int cols = p.H * D;
+    const size_t row = rh / p.H;
+    const int head = (int)(rh % p.H);
+    if constexpr (GATE) x *= sigmoidf_(g); // as mul_sigmoid_kernel multiplies the stored output
+    p.out[rh * D + e * 32 + lane] = x;
+    if (p.oq) st_quant_chunk32(x, p.oq + row * cols, p.ods + row * (cols / 32), cols, head * EPL + e, lane);
+}
 // A warp stores row-head rh's outputs (lane holding elements e·32 + lane: a[e]), with GATE times
 // their gates, to out and, with p.oq, quantized (st_quant_chunk32): each e is one chunk of 32 of
 // the row (H·D wide), so the output projection gets the bits it would have quantized itself.
@@ -282,20 +325,12 @@ template <int EPL> __device__ __forceinline__ void attn_load_head(const float *x
 template <int EPL, bool GATE>
 __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, const float (&a)[EPL], int lane) {
     constexpr int D = EPL * 32;
-    const int cols = p.H * D;
-    const size_t row = rh / p.H;
-    const int head = (int)(rh % p.H);
     float v[EPL], g[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; e++) v[e] = a[e], g[e] = GATE ? p.gate[rh * 2 * D + e * 32 + lane] : 0.0f;
     if constexpr (EPL >= 8) {
 #pragma unroll 1
-        for (int e = 0; e < EPL; e++) {
-            float x = v[e];
-            if constexpr (GATE) x *= sigmoidf_(g[e]); // as mul_sigmoid_kernel multiplies the stored output
-            p.out[rh * D + e * 32 + lane] = x;
-            if (p.oq) st_quant_chunk32(x, p.oq + row * cols, p.ods + row * (cols / 32), cols, head * EPL + e, lane);
-        }
+        for (int e = 0; e < EPL; e++) attn_store_chunk<EPL, GATE>(p, rh, v[e], g[e], e, lane);
     } else {
         if constexpr (GATE) { // as mul_sigmoid_kernel multiplies the stored output
 #pragma unroll
@@ -304,6 +339,9 @@ __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, 
 #pragma unroll
         for (int e = 0; e < EPL; e++) p.out[rh * D + e * 32 + lane] = v[e];
         if (!p.oq) return;
+        const int cols = p.H * D;
+        const size_t row = rh / p.H;
+        const int head = (int)(rh % p.H);
 #pragma unroll
         for (int e = 0; e < EPL; e++)
             st_quant_chunk32(v[e], p.oq + row * cols, p.ods + row * (cols / 32), cols, head * EPL + e, lane);
@@ -313,12 +351,15 @@ __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, 
 // Counts this block in for its (query tile, KV head) once its partials are out: true in the block
 // that brings the count to target (it puts the counter back to zero for the next launch, and
 // reads everyone's partials after its fence); the others have ended their trace and leave.
-__device__ __forceinline__ bool attn_count_in(const attn_params &p, unsigned target, unsigned ts) {
+// sub, of, ways: the counter of the tile's sub-th group of ways (the spread cluster merge counts
+// each rank apart; 0, 1 elsewhere).
+__device__ __forceinline__ bool attn_count_in(const attn_params &p, unsigned target, unsigned ts, int sub = 0,
+                                              int ways = 1) {
     __shared__ unsigned s_last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned *ctr = p.counters + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+        unsigned *ctr = p.counters + ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * ways + sub;
         unsigned prev = atomicAdd(ctr, 1u);
         s_last = prev == target - 1;
         if (s_last) *ctr = 0; // every block of this tile has counted: ready for the next launch
@@ -333,67 +374,79 @@ __device__ __forceinline__ bool attn_count_in(const attn_params &p, unsigned tar
     return true;
 }
 
-// Merges the splits of one query: lane s < ns holds split s's (m, l) in ml, acc_of(s) gives a
-// split's accumulators (EPL values, lane's dims): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s,
-// in the order and arithmetic of the in-kernel combine below (the same bits as it for up to 32
-// splits). Returns M and the sum L; a holds the unnormalized sums.
-template <int EPL, typename F>
-__device__ __forceinline__ float2 attn_merge(float2 ml, int ns, F acc_of, float (&a)[EPL]) {
+// Merges the splits of one query for chunk e of its dims (lane's dim e·32 + lane): lane s < ns
+// holds split s's (m, l) in ml, acc_of(s) gives a split's accumulators (lane's dim at
+// [e·32 + lane]): out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s, in the order and arithmetic
+// of the in-kernel combine below (the same bits as it for up to 32 splits). Returns M and the
+// sum L; *a gets the unnormalized sum.
+template <typename F>
+__device__ __forceinline__ float2 attn_merge(float2 ml, int ns, F acc_of, int e, float *a) {
     int lane = threadIdx.x & 31;
     float mx = attn_warp_max(lane < ns ? ml.x : -INFINITY); // finite: split 0 sees position 0
     float f = lane < ns && ml.x != -INFINITY ? expf(ml.x - mx) : 0.0f;
     float ls = lane < ns ? ml.y * f : 0.0f;
     for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-#pragma unroll
-    for (int e = 0; e < EPL; e++) a[e] = 0.0f;
-    for (int s2 = 0; s2 < ns; s2++) {
-        float fs = __shfl_sync(0xffffffffu, f, s2);
-        const float *v = acc_of(s2);
-#pragma unroll
-        for (int e = 0; e < EPL; e++) a[e] += fs * v[e * 32 + lane];
-    }
+    float sum = 0.0f;
+    for (int s2 = 0; s2 < ns; s2++) sum += __shfl_sync(0xffffffffu, f, s2) * acc_of(s2)[e * 32 + lane];
+    *a = sum;
     return make_float2(mx, ls);
 }
 
 #if defined(ST_CLUSTERS)
-// Several clusters: the cluster's merged partial of row-head rh (ML, a) to L2 for the last block.
-template <int EPL>
-__device__ __forceinline__ void attn_cluster_partial(const attn_params &p, int c0, size_t rh, float2 ML, const float (&a)[EPL]) {
-    constexpr int PS = EPL * 32 + 2;
-    int lane = threadIdx.x & 31;
-    float *pp = p.part + ((size_t)(c0 / p.cs) * p.n * p.H + rh) * PS;
-    if (lane == 0) pp[0] = ML.x, pp[1] = ML.y;
-#pragma unroll
-    for (int e = 0; e < EPL; e++) pp[2 + e * 32 + lane] = a[e];
-}
-
-// Several clusters: count in (every block of the clusters with positions); the last merges the
-// clusters' partials from L2.
+// After the cluster's exchange, block rank r merges its queries ql = r + k cs a chunk of 32 dims
+// a warp (units (k, e) over the warps: at head dim 128 and cs 8, four warps for the one query,
+// each warp's chain of shuffles, divisions and quantization a quarter of the four chunks' that
+// a warp a query ran: 30B-A3B decode +2.5%, bench/results/2026-12-07-attention-chain.md), from its
+// receiving area (here splits). Whole: those are the outputs. Else each chunk is a cluster's
+// partial, written to L2; the nc blocks of rank r (one a cluster) count in on rank r's counter,
+// and the last merges its queries' nc partials the same way.
 template <int EPL, int QPW, bool GATE>
-__device__ __forceinline__ void attn_clusters_combine(const attn_params &p, int T, unsigned ts) {
+__device__ __forceinline__ void attn_cluster_finish(const attn_params &p, const float *recv, int here, bool whole,
+                                                    int nc, unsigned ts) {
     typedef attn_shape<EPL, QPW> S;
-    constexpr int QB = S::QB, PS = S::D + 2;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB;
-    const int act = attn_active_splits(T, p.ns, p.min_chunk), nc = (act + p.cs - 1) / p.cs;
-    if (!attn_count_in(p, (unsigned)(nc * p.cs), ts)) return;
+    constexpr int D = S::D, QB = S::QB, PS = D + 2;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, qbase = blockIdx.x * QB, split = blockIdx.y;
+    const int cs = p.cs, rank = split % cs, c0 = split - rank;
+    int mine = 0; // this block's queries
+    for (int ql = rank; ql < QB && qbase + ql < p.nq; ql += cs) mine++;
+    for (int u = w; u < mine * EPL; u += ATTN_WARPS) {
+        const int ql = rank + cs * (u / EPL), e = u % EPL, qi = qbase + ql;
+        const size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G; // (row, head)
+        const float g = GATE && whole ? p.gate[rh * 2 * D + e * 32 + lane] : 0.0f;
+        const float *base = recv + (ql / cs) * cs * PS;
+        float2 ml = lane < here ? *(const float2 *)(base + lane * PS) : make_float2(-INFINITY, 0.0f);
+        float a;
+        float2 ML = attn_merge(ml, here, [&](int s2) { return base + s2 * PS + 2; }, e, &a);
+        if (u == 0) st_trace_mark(ts, 6);
+        if (whole) {
+            attn_store_chunk<EPL, GATE>(p, rh, a / ML.y, g, e, lane);
+        } else {
+            float *pp = p.part + ((size_t)(c0 / cs) * p.n * p.H + rh) * PS;
+            if (e == 0 && lane == 0) pp[0] = ML.x, pp[1] = ML.y;
+            pp[2 + e * 32 + lane] = a;
+        }
+    }
+    st_trace_mark(ts, 7);
+    if (whole || !attn_count_in(p, (unsigned)nc, ts, rank, cs)) {
+        if (whole) st_trace_end();
+        return;
+    }
     const size_t ss = (size_t)p.n * p.H * PS; // from one cluster's partials to the next
-    for (int ql = w; ql < QB; ql += ATTN_WARPS) {
-        int qi = qbase + ql;
-        if (qi >= p.nq) break;
-        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+    for (int u = w; u < mine * EPL; u += ATTN_WARPS) {
+        const int ql = rank + cs * (u / EPL), e = u % EPL, qi = qbase + ql;
+        const size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+        const float g = GATE ? p.gate[rh * 2 * D + e * 32 + lane] : 0.0f;
         const float *base = p.part + rh * PS;
         float2 ml = lane < nc ? __ldcg((const float2 *)(base + lane * ss)) : make_float2(-INFINITY, 0.0f);
-        float a[EPL];
-        float2 ML = attn_merge<EPL>(ml, nc, [&](int s2) { return base + s2 * ss + 2; }, a); // (nc <= 32)
-#pragma unroll
-        for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
-        attn_store_out<EPL, GATE>(p, rh, a, lane);
+        float a;
+        float2 ML = attn_merge(ml, nc, [&](int s2) { return base + s2 * ss + 2; }, e, &a); // (nc <= 32)
+        attn_store_chunk<EPL, GATE>(p, rh, a / ML.y, g, e, lane);
     }
     st_trace_end();
 }
 
 // The splits of a cluster (p.cs consecutive splits of one query tile and KV head) merge their
-// partials in shared memory. Block r merges queries r, r + cs, ... (a warp a query): each block
+// partials in shared memory. Block r merges queries r, r + cs, ... (attn_cluster_finish): each block
 // with positions stores its queries' (m, l, acc) straight into the merging block's receiving
 // area (attn_recv_floats, past the tiles and the norms', so a peer may store while this block
 // still works on its tiles), one cluster barrier publishes them, and each block merges its
@@ -401,8 +454,7 @@ __device__ __forceinline__ void attn_clusters_combine(const attn_params &p, int 
 // peers' partials instead costs a round trip to each and a second barrier before a block may
 // leave: 1.2 us more a call, bench/results/2026-12-03-attention-merge.md.) When all the
 // positions are in this cluster (every short context), the merge is the output; else the merged
-// partial counts in through L2 like one split of the counting path, and the last block merges
-// the clusters'.
+// partial counts in through L2, and the last block of each rank merges the clusters'.
 // With p.counted the stores are st.async counted on the merging block's mbarrier (bar, set up
 // at the kernel's start), which completes once the partials of all its queries have landed: no
 // cluster barrier, whose release waits for every store of the thread to complete first.
@@ -449,30 +501,7 @@ __device__ __forceinline__ void attn_cluster_merge(const attn_params &p, const f
     if (p.counted) st_mbar_wait(bar, 0); // every partial of this block's queries
     else st_cluster_sync();              // every partial is in its merging block
     st_trace_mark(ts, 4);
-    const bool whole = act <= cs;
-    for (int ql = rank + cs * w; ql < QB; ql += cs * ATTN_WARPS) {
-        int qi = qbase + ql;
-        if (qi >= p.nq) break;
-        size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G; // (row, head)
-        const float *base = recv + (ql / cs) * cs * PS;
-        float2 ml = lane < here ? *(const float2 *)(base + lane * PS) : make_float2(-INFINITY, 0.0f);
-        float a[EPL];
-        float2 ML = attn_merge<EPL>(ml, here, [&](int s2) { return base + s2 * PS + 2; }, a);
-        if (ql == rank) st_trace_mark(ts, 6);
-        if (whole) {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) a[e] = a[e] / ML.y;
-            attn_store_out<EPL, GATE>(p, rh, a, lane);
-        } else {
-            attn_cluster_partial<EPL>(p, c0, rh, ML, a);
-        }
-    }
-    st_trace_mark(ts, 7);
-    if (whole) {
-        st_trace_end();
-        return;
-    }
-    attn_clusters_combine<EPL, QPW, GATE>(p, T, ts);
+    attn_cluster_finish<EPL, QPW, GATE>(p, recv, here, act <= cs, (act + cs - 1) / cs, ts);
 }
 
 #endif
@@ -493,9 +522,11 @@ __device__ __forceinline__ bool attn_merge_in_cluster(const attn_params &p, cons
 }
 
 // CL: the splits run in clusters (p.cs > 1; a kernel of its own, so that the counting path's
-// registers stay as they were). GATE: the gated attention (p.gate).
+// registers stay as they were). GATE: the gated attention (p.gate). Up to four values a lane
+// (head dim 128, one query a warp: the 30B-A3B's decode) the kernel keeps to 80 registers,
+// three blocks a multiprocessor: left to itself ptxas took 96-101 for code that had fitted 80.
 template <int EPL, int QPW, bool CL, bool GATE>
-__global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
+__global__ void __launch_bounds__(ATTN_WARPS * 32, EPL * QPW <= 4 ? 3 : 0) attn_kernel(attn_params p) {
     typedef attn_shape<EPL, QPW> S;
     constexpr int D = S::D, TK = S::TK, HALF = S::HALF, KST = S::KST, QB = S::QB;
     constexpr int QS = GATE ? 2 * D : D; // from one (row, head)'s query to the next
@@ -578,14 +609,30 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_params p) {
             int qi = qbase + w * QPW + jj;
             attn_load_head<EPL>(qi < p.nq ? p.q + ((size_t)(qi / p.G) * p.H + hk * p.G + qi % p.G) * QS : NULL, qv[jj]);
         }
-        if (w < p.n) attn_load_head<EPL>(p.knew + (size_t)w * p.nv + hk * D, kv0);
+        // The new k rows are normed where they are taken: by the storing block and the splits
+        // whose tiles hold new positions (the others' tiles are all earlier rows).
+        const bool need_k = stores || (t_begin < t_end && t_end > pos0);
+        if (need_k && w < p.n) attn_load_head<EPL>(p.knew + (size_t)w * p.nv + hk * D, kv0);
         __syncthreads(); // the angles
-        for (int i = w; i < p.n; i += ATTN_WARPS) {
+        // A warp with a k row and a query norms the two together, their chains interleaved (warp
+        // 0 had normed the k row, then its query, while the other warps waited: with the rows
+        // normed only where taken, 30B-A3B decode +1.0%).
+        const int q0 = qbase + w * QPW;
+        const bool pair = need_k && w < p.n && q0 < p.nq;
+        if (pair) {
+            float v2[2][EPL], w2[2][EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) v2[0][e] = kv0[e], w2[0][e] = wk[e], v2[1][e] = qv[0][e], w2[1][e] = wq[e];
+            const float *const cs2[2] = {cs + w * 2 * half, cs + (q0 / p.G) * 2 * half};
+            float *const out2[2] = {Kn + w * D, Qs + (w * QPW) * D};
+            attn_norm_rope<EPL, 2>(v2, w2, cs2, half, p.eps, out2);
+        }
+        for (int i = w + (pair ? ATTN_WARPS : 0); need_k && i < p.n; i += ATTN_WARPS) {
             if (i != w) attn_load_head<EPL>(p.knew + (size_t)i * p.nv + hk * D, kv0);
             attn_norm_rope<EPL>(kv0, wk, cs + i * 2 * half, half, p.eps, Kn + i * D);
         }
 #pragma unroll
-        for (int jj = 0; jj < QPW; jj++) {
+        for (int jj = pair ? 1 : 0; jj < QPW; jj++) {
             int qi = qbase + w * QPW + jj;
             float *qs = Qs + (w * QPW + jj) * D;
             if (qi < p.nq)
@@ -917,7 +964,8 @@ static void attn_launch(st_cuda *c, attn_params *p, int n_head_kv, int n_ctx) {
     ns = ns < 256 ? ns : 256;
     ns = ns < 1 ? 1 : ns;
     if (ns == 1 || base > ATTN_MAX_COUNTERS) p->counters = NULL; // (no counter for each tile: combine kernel)
-    bool clusters = ns > 1 && p->counters && st_cluster_on();
+    // (clusters count in a counter per rank: up to 8 per query tile and KV head)
+    bool clusters = ns > 1 && p->counters && (size_t)base * 8 <= ATTN_MAX_COUNTERS && st_cluster_on();
     p->cs = clusters ? attn_cluster_size<EPL, QPW>(c, p, qt, &ns, n_head_kv, &csmem) : 1;
     p->counted = p->cs > 1 && attn_counted();
     if (p->cs == 1) st_allow_smem(c, k, smem);
