@@ -272,7 +272,8 @@ __device__ __forceinline__ void attn_norm_rope(const float (&v)[N][EPL], const f
     for (int k = lane; k < half; k += 32) {
         float c[N], sn[N], x0[N], x1[N]; // every head's loads before the stores (which may alias them)
 #pragma unroll
-        for (int h = 0; h < N; h++) c[h] = cs[h][k], sn[h] = cs[h][half + k], x0[h] = out[h][k], x1[h] = out[h][k + half];
+        for (int h = 0; h < N; h++)
+            c[h] = cs[h][k], sn[h] = cs[h][half + k], x0[h] = out[h][k], x1[h] = out[h][k + half];
         // x0 c − x1 sn and x1 c + x0 sn with the contractions ptxas chose for one head (left to
         // itself it contracted the second differently for two: other bits).
 #pragma unroll
