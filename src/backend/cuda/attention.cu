@@ -352,8 +352,8 @@ __device__ __forceinline__ void attn_store_out(const attn_params &p, size_t rh, 
 // Counts this block in for its (query tile, KV head) once its partials are out: true in the block
 // that brings the count to target (it puts the counter back to zero for the next launch, and
 // reads everyone's partials after its fence); the others have ended their trace and leave.
-// sub, of, ways: the counter of the tile's sub-th group of ways (the spread cluster merge counts
-// each rank apart; 0, 1 elsewhere).
+// sub, ways: counter sub of the tile's ways (the cluster merge counts each rank apart; 0 and 1
+// elsewhere).
 __device__ __forceinline__ bool attn_count_in(const attn_params &p, unsigned target, unsigned ts, int sub = 0,
                                               int ways = 1) {
     __shared__ unsigned s_last;
@@ -397,7 +397,7 @@ __device__ __forceinline__ float2 attn_merge(float2 ml, int ns, F acc_of, int e,
 // After the cluster's exchange, block rank r merges its queries ql = r + k cs a chunk of 32 dims
 // a warp (units (k, e) over the warps: at head dim 128 and cs 8, four warps for the one query,
 // each warp's chain of shuffles, divisions and quantization a quarter of the four chunks' that
-// a warp a query ran: 30B-A3B decode +2.5%, bench/results/2026-12-07-attention-chain.md), from its
+// a warp a query ran: 30B-A3B decode +2.4%, bench/results/2026-12-07-attention-chain.md), from its
 // receiving area (here splits). Whole: those are the outputs. Else each chunk is a cluster's
 // partial, written to L2; the nc blocks of rank r (one a cluster) count in on rank r's counter,
 // and the last merges its queries' nc partials the same way.
@@ -410,9 +410,15 @@ __device__ __forceinline__ void attn_cluster_finish(const attn_params &p, const 
     const int cs = p.cs, rank = split % cs, c0 = split - rank;
     int mine = 0; // this block's queries
     for (int ql = rank; ql < QB && qbase + ql < p.nq; ql += cs) mine++;
+    // Unit u: chunk *e of query *ql = rank + cs (u / EPL); returns its (row, head).
+    auto unit = [&](int u, int *ql, int *e) {
+        *ql = rank + cs * (u / EPL), *e = u % EPL;
+        const int qi = qbase + *ql;
+        return (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+    };
     for (int u = w; u < mine * EPL; u += ATTN_WARPS) {
-        const int ql = rank + cs * (u / EPL), e = u % EPL, qi = qbase + ql;
-        const size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G; // (row, head)
+        int ql, e;
+        const size_t rh = unit(u, &ql, &e);
         const float g = GATE && whole ? p.gate[rh * 2 * D + e * 32 + lane] : 0.0f;
         const float *base = recv + (ql / cs) * cs * PS;
         float2 ml = lane < here ? *(const float2 *)(base + lane * PS) : make_float2(-INFINITY, 0.0f);
@@ -434,8 +440,8 @@ __device__ __forceinline__ void attn_cluster_finish(const attn_params &p, const 
     }
     const size_t ss = (size_t)p.n * p.H * PS; // from one cluster's partials to the next
     for (int u = w; u < mine * EPL; u += ATTN_WARPS) {
-        const int ql = rank + cs * (u / EPL), e = u % EPL, qi = qbase + ql;
-        const size_t rh = (size_t)(qi / p.G) * p.H + (size_t)blockIdx.z * p.G + qi % p.G;
+        int ql, e;
+        const size_t rh = unit(u, &ql, &e);
         const float g = GATE ? p.gate[rh * 2 * D + e * 32 + lane] : 0.0f;
         const float *base = p.part + rh * PS;
         float2 ml = lane < nc ? __ldcg((const float2 *)(base + lane * ss)) : make_float2(-INFINITY, 0.0f);
@@ -590,9 +596,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32, EPL * QPW <= 4 ? 3 : 0) attn_
         attn_load_head<EPL>(p.kn, wk);
     }
     // STRATA_CUDA_TRACE marks: 0 a first read of q arrived, 1 q and k normed and rotated, 2 the new
-    // rows stored, 3 tiles done, 4 partials out, 5 counted in; in a cluster 6 its first query
-    // merged, 7 all its queries stored, 10 its partials written (before the cluster's barrier); 8 the
-    // first tile in shared memory, 9 its scores and weights done
+    // rows stored, 3 tiles done, 4 partials out, 5 counted in; in a cluster 6 its first chunk
+    // merged, 7 all its chunks stored (outputs, or partials to L2), 10 its partials written (before
+    // the cluster's barrier); 8 the first tile in shared memory, 9 its scores and weights done
     unsigned ts = st_pdl_begin();
     st_trace_probe(ts, 0, p.q);
 
