@@ -234,8 +234,10 @@ __global__ void norm_rope_kernel(float *x, const float *w, int n_head, int head_
     if (!live) return;
     for (int k = lane; k < half; k += 32) {
         float c = cs[k], sn = cs[half + k], x0 = hs[k], x1 = hs[k + half];
-        xh[k] = x0 * c - x1 * sn;
-        xh[k + half] = x1 * c + x0 * sn;
+        // The contractions written out, as the fused attention's attn_norm_rope writes them (the
+        // ones ptxas had chosen here): the two kernels' values must not rest on its choice.
+        xh[k] = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+        xh[k + half] = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
     }
     for (int j = 2 * half + lane; j < head_dim; j += 32) xh[j] = hs[j];
 }
