@@ -171,6 +171,7 @@ typedef struct moe_pass {
     const int32_t *experts; // (n_active) expert ids
     const int32_t *start;   // (n_active + 1) first assignment of each active expert
     int n_active, chunk, n_chunks_per_expert;
+    bool row_exact;         // a window's rows: each row's bits as alone (st_matmul_args)
 } moe_pass;
 
 static void moe_pass_worker(void *ctx, int ith, int nth) {
@@ -189,7 +190,7 @@ static void moe_pass_worker(void *ctx, int ith, int nth) {
                 .w = (const char *)w->data + (size_t)e * w->mat_bytes + (size_t)r0 * w->row_bytes,
                 .n = w->cols, .rows = r1 - r0,
                 .x = xq, .x_stride = p->xs, .nx = m,
-                .y = p->y[wi] + (size_t)p->start[a] * w->rows + r0, .ldy = w->rows,
+                .y = p->y[wi] + (size_t)p->start[a] * w->rows + r0, .ldy = w->rows, .row_exact = p->row_exact,
             };
             st_matmul(NULL, &ma);
         }
@@ -210,6 +211,10 @@ static void swiglu_quantize(void *ctx, int ith, int nth) {
         st_quantize(j->type, g, j->q + (size_t)i * j->qs, j->f);
     }
 }
+
+// Windows of up to ST_GRAPH_ROWS rows (decode, verify) give every row the bits it gets alone:
+// its experts' products are row-exact (st_matmul_args.row_exact), whatever rows share them.
+#define ROW_EXACT(n) ((n) <= ST_GRAPH_ROWS)
 
 // Assignments (rows times choices) up to which a batch is a small window: one pool job a layer.
 #define SMALL_ASSIGNMENTS 64
@@ -271,13 +276,13 @@ static void small_make_down(const small_job *j, int a, int s) {
 
 // Rows [r0, r1) of expert a's matrix w times its assignments' rows of xq (stride xs) into y.
 static void small_product(const st_mat3 *w, int e, int64_t r0, int64_t r1, const char *xq, size_t xs, int m,
-                          float *y, int64_t ldy) {
+                          float *y, int64_t ldy, bool row_exact) {
     st_matmul_args ma = {
         .type = w->type,
         .w = (const char *)w->data + (size_t)e * w->mat_bytes + (size_t)r0 * w->row_bytes,
         .n = w->cols, .rows = r1 - r0,
         .x = xq, .x_stride = xs, .nx = m,
-        .y = y + r0, .ldy = ldy,
+        .y = y + r0, .ldy = ldy, .row_exact = row_exact,
     };
     st_matmul(NULL, &ma);
 }
@@ -308,8 +313,8 @@ static void small_worker(void *ctx, int ith, int nth) {
         int a = t / j->per1, g0 = j->start[a], m = j->start[a + 1] - g0;
         int r0 = t % j->per1 * j->chunk1, r1 = r0 + j->chunk1 < j->F ? r0 + j->chunk1 : j->F;
         const char *xq = j->xq + (size_t)g0 * j->xs;
-        small_product(j->gate, j->experts[a], r0, r1, xq, j->xs, m, j->hg + (size_t)g0 * j->F, j->F);
-        small_product(j->up, j->experts[a], r0, r1, xq, j->xs, m, j->hu + (size_t)g0 * j->F, j->F);
+        small_product(j->gate, j->experts[a], r0, r1, xq, j->xs, m, j->hg + (size_t)g0 * j->F, j->F, ROW_EXACT(j->n));
+        small_product(j->up, j->experts[a], r0, r1, xq, j->xs, m, j->hu + (size_t)g0 * j->F, j->F, ROW_EXACT(j->n));
         // acq_rel: the last finisher of a unit sees the other items' outputs over it.
         for (int s = r0 / SMALL_SEG; s * SMALL_SEG < r1; s++)
             if (atomic_fetch_sub_explicit(&j->left[a * j->nseg + s], 1, memory_order_acq_rel) == 1)
@@ -321,7 +326,7 @@ static void small_worker(void *ctx, int ith, int nth) {
         int a = t / j->per2, g0 = j->start[a], m = j->start[a + 1] - g0;
         int r0 = t % j->per2 * j->chunk2, r1 = r0 + j->chunk2 < j->d ? r0 + j->chunk2 : j->d;
         small_product(j->down, j->experts[a], r0, r1, j->hq + (size_t)g0 * j->hs, j->hs, m,
-                      j->yo + (size_t)g0 * j->d, j->d);
+                      j->yo + (size_t)g0 * j->d, j->d, ROW_EXACT(j->n));
     }
 }
 
@@ -447,14 +452,14 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
         st_pool_run(pool, quantize_inputs, &qj);
 
         moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
-                       .start = start, .n_active = n_active};
+                       .start = start, .n_active = n_active, .row_exact = ROW_EXACT(n)};
         run_pass(pool, &p1, F);
 
         act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
         st_pool_run(pool, swiglu_quantize, &aj);
 
         moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
-                       .start = start, .n_active = n_active};
+                       .start = start, .n_active = n_active, .row_exact = ROW_EXACT(n)};
         run_pass(pool, &p2, d);
     }
 

@@ -298,7 +298,7 @@ static mm_job mm_job_make(const st_matmul_args *args) {
     ST_ASSERT(st_type_get(args->type) && args->n % st_type_get(args->type)->block == 0);
     const st_quant_kernels *k = st_quant_kernels_now();
     const st_type_info *ti = st_type_get(args->type);
-    bool gemm = k->gemm_pack[args->type] && args->nx >= MM_GEMM_MIN_NX;
+    bool gemm = k->gemm_pack[args->type] && args->nx >= MM_GEMM_MIN_NX && !args->row_exact;
     mm_job j = {
         .a = *args,
         .dot = k->dot[args->type],

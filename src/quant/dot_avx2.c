@@ -44,19 +44,9 @@ AI __m256i bcast16(__m256i v8x2, int j) {
 // ---------------------------------------------------------------------------------------------
 // Q8_0 x Q8_0
 
-// One row's blocks of 32 run in two accumulation chains (even, odd): with a single chain each
-// block would wait a multiply-add latency (as in the Q4_1 / Q5_1 kernels below).
-#define TWO_CHAINS(nb, BLOCK)                                                                   \
-    do {                                                                                        \
-        __m256 acc1 = _mm256_setzero_ps();                                                      \
-        int64_t i = 0;                                                                          \
-        for (; i + 2 <= (nb); i += 2) {                                                         \
-            BLOCK(i, acc[0]);                                                                   \
-            BLOCK(i + 1, acc1);                                                                 \
-        }                                                                                       \
-        if (i < (nb)) BLOCK(i, acc[0]);                                                         \
-        acc[0] = _mm256_add_ps(acc[0], acc1);                                                   \
-    } while (0)
+// Each row's blocks of 32 run in two accumulation chains (even, odd): with a single chain each
+// block would wait a multiply-add latency. Up to 4 rows (DEFINE_DOTS), each summed exactly as
+// alone, so a window's rows get a row's bits (st_matmul_args.row_exact).
 
 // acc += dw dy * sum(q qy) for signed weights q (sign trick) and a Q8_0 activation block.
 AI __m256 q8_block_dot(__m256i q, float dw, const block_q8_0 *y, __m256 acc) {
@@ -65,25 +55,43 @@ AI __m256 q8_block_dot(__m256i q, float dw, const block_q8_0 *y, __m256 acc) {
     return _mm256_fmadd_ps(_mm256_set1_ps(dw * f16(y->d)), _mm256_cvtepi32_ps(p), acc);
 }
 
+// The two chains of NR <= 4 rows against Q8_0 activations: BLOCK(i, &dw) unpacks weight block
+// i, and each row's chain i % 2 takes it; s[r] is the sum of row r's two chains.
+#define TWO_CHAIN_ROWS(NR, nb, BLOCK)                                                           \
+    do {                                                                                        \
+        __m256 acc0[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),        \
+                          _mm256_setzero_ps()};                                                 \
+        __m256 acc1[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),        \
+                          _mm256_setzero_ps()};                                                 \
+        int64_t i = 0;                                                                          \
+        for (; i + 2 <= (nb); i += 2) {                                                         \
+            float dw0, dw1;                                                                     \
+            __m256i q0 = BLOCK(i, &dw0), q1 = BLOCK(i + 1, &dw1);                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < (NR); r++) {                            \
+                acc0[r] = q8_block_dot(q0, dw0, XROW(block_q8_0, r) + i, acc0[r]);              \
+                acc1[r] = q8_block_dot(q1, dw1, XROW(block_q8_0, r) + i + 1, acc1[r]);          \
+            }                                                                                   \
+        }                                                                                       \
+        if (i < (nb)) {                                                                         \
+            float dw0;                                                                          \
+            __m256i q0 = BLOCK(i, &dw0);                                                        \
+            _Pragma("GCC unroll 4") for (int r = 0; r < (NR); r++) acc0[r] =                    \
+                q8_block_dot(q0, dw0, XROW(block_q8_0, r) + i, acc0[r]);                        \
+        }                                                                                       \
+        _Pragma("GCC unroll 4") for (int r = 0; r < (NR); r++) s[r] =                           \
+            hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));                                           \
+    } while (0)
+
+AI __m256i q8_0_block(const block_q8_0 *b, int64_t i, float *dw) {
+    *dw = f16(b[i].d);
+    return _mm256_loadu_si256((const __m256i *)b[i].qs);
+}
+
 AI void q8_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     const block_q8_0 *b = w;
-    const int64_t nb = n / QK8_0;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    if (NR == 1) {
-        const block_q8_0 *y = x;
-#define Q8_BLOCK(j, a) a = q8_block_dot(_mm256_loadu_si256((const __m256i *)b[j].qs), f16(b[j].d), y + (j), a)
-        TWO_CHAINS(nb, Q8_BLOCK);
+#define Q8_BLOCK(i, dw) q8_0_block(b, i, dw)
+    TWO_CHAIN_ROWS(NR, n / QK8_0, Q8_BLOCK);
 #undef Q8_BLOCK
-    } else {
-        for (int64_t i = 0; i < nb; i++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
-            float dw = f16(b[i].d);
-            #pragma GCC unroll 8
-            for (int r = 0; r < NR; r++) acc[r] = q8_block_dot(q, dw, XROW(block_q8_0, r) + i, acc[r]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 DEFINE_DOTS(q8_0, q8_0_rows)
 
@@ -111,30 +119,11 @@ AI __m256i legacy_signed_block(const int kind, const uint8_t *wb, int64_t i, __m
 
 AI void legacy_signed_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                            const void *x, size_t xs) {
-    const int64_t nb = n / 32;
     const uint8_t *wb = w;
     const __m256i tbl = iq4nl_table();
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    if (NR == 1) {
-        const block_q8_0 *y = x;
-#define SIGNED_BLOCK(j, a)                                                                      \
-    do {                                                                                        \
-        float dw;                                                                               \
-        __m256i q = legacy_signed_block(kind, wb, j, tbl, &dw);                                  \
-        a = q8_block_dot(q, dw, y + (j), a);                                                    \
-    } while (0)
-        TWO_CHAINS(nb, SIGNED_BLOCK);
+#define SIGNED_BLOCK(i, dw) legacy_signed_block(kind, wb, i, tbl, dw)
+    TWO_CHAIN_ROWS(NR, n / 32, SIGNED_BLOCK);
 #undef SIGNED_BLOCK
-    } else {
-        for (int64_t i = 0; i < nb; i++) {
-            float dw;
-            __m256i q = legacy_signed_block(kind, wb, i, tbl, &dw);
-            #pragma GCC unroll 8
-            for (int r = 0; r < NR; r++) acc[r] = q8_block_dot(q, dw, XROW(block_q8_0, r) + i, acc[r]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]);
 }
 AI void q4_0_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     legacy_signed_rows(0, n, NR, s, w, x, xs);
@@ -177,29 +166,29 @@ AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, cons
     const int64_t nb = n / 32;
     const uint8_t *wb = w;
     const size_t bsz = is_q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-    if (NR == 1) { // one row: even and odd blocks in two chains, not one multiply-add latency a block
-        const block_q8_1 *y = x;
-        __m256 acc1 = _mm256_setzero_ps();
-        __m128 accm1 = _mm_setzero_ps();
-        int64_t i = 0;
-        for (; i + 2 <= nb; i += 2) {
-            accm[0] = _mm_add_ps(accm[0], legacy_min_block(is_q5, wb + (size_t)i * bsz, y + i, &acc[0]));
-            accm1 = _mm_add_ps(accm1, legacy_min_block(is_q5, wb + (size_t)(i + 1) * bsz, y + i + 1, &acc1));
-        }
-        if (i < nb) accm[0] = _mm_add_ps(accm[0], legacy_min_block(is_q5, wb + (size_t)i * bsz, y + i, &acc[0]));
-        acc[0] = _mm256_add_ps(acc[0], acc1);
-        accm[0] = _mm_add_ps(accm[0], accm1);
-    } else {
-        for (int64_t i = 0; i < nb; i++) {
-            #pragma GCC unroll 8
-            for (int r = 0; r < NR; r++)
-                accm[r] = _mm_add_ps(accm[r], legacy_min_block(is_q5, wb + (size_t)i * bsz, XROW(block_q8_1, r) + i, &acc[r]));
+    // Each row's even and odd blocks in two chains (not one multiply-add latency a block), up to
+    // 2 rows (DEFINE_DOTS2: registers), each summed exactly as alone.
+    __m256 acc0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 accm0[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, accm1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        #pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
+            const block_q8_1 *y = XROW(block_q8_1, r) + i;
+            accm0[r] = _mm_add_ps(accm0[r], legacy_min_block(is_q5, wb + (size_t)i * bsz, y, &acc0[r]));
+            accm1[r] = _mm_add_ps(accm1[r], legacy_min_block(is_q5, wb + (size_t)(i + 1) * bsz, y + 1, &acc1[r]));
         }
     }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = hsum_ps(acc[r]) + _mm_cvtss_f32(_mm_shuffle_ps(accm[r], accm[r], 1));
+    if (i < nb) {
+        #pragma GCC unroll 2
+        for (int r = 0; r < NR; r++)
+            accm0[r] = _mm_add_ps(accm0[r], legacy_min_block(is_q5, wb + (size_t)i * bsz, XROW(block_q8_1, r) + i, &acc0[r]));
+    }
+    #pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) {
+        __m128 m = _mm_add_ps(accm0[r], accm1[r]);
+        s[r] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1));
+    }
 }
 AI void q4_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     legacy_min_rows(0, n, NR, s, w, x, xs);
@@ -207,8 +196,8 @@ AI void q4_1_rows(int64_t n, const int NR, float *s, const void *w, const void *
 AI void q5_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     legacy_min_rows(1, n, NR, s, w, x, xs);
 }
-DEFINE_DOTS(q4_1, q4_1_rows)
-DEFINE_DOTS(q5_1, q5_1_rows)
+DEFINE_DOTS2(q4_1, q4_1_rows)
+DEFINE_DOTS2(q5_1, q5_1_rows)
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K, Q5_K x Q8_K
@@ -823,18 +812,17 @@ AI __m256 load8(const int kind, const void *p, int64_t i) {
 
 AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                    const void *x, size_t xs) {
-    // FMA latency: one row needs 4 independent accumulators to keep both FMA units busy; with
-    // several rows the rows themselves are independent, and registers run short.
+    // FMA latency: one row needs 4 independent accumulators to keep both FMA units busy. Up to
+    // 2 rows (DEFINE_DOTS2), each with the 4 of a row alone: the same sums, the same bits.
     enum { NA = 4 };
-    const int na = NR == 1 ? 4 : 2;
-    __m256 acc[4][NA];
-    #pragma GCC unroll 16
-    for (int r = 0; r < 4; r++)
+    __m256 acc[2][NA];
+    #pragma GCC unroll 8
+    for (int r = 0; r < 2; r++)
         for (int a = 0; a < NA; a++) acc[r][a] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 * na <= n; i += 8 * na) {
+    for (; i + 8 * NA <= n; i += 8 * NA) {
         #pragma GCC unroll 4
-        for (int a = 0; a < na; a++) {
+        for (int a = 0; a < NA; a++) {
             __m256 wv = load8(kind, w, i + 8 * a);
             #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
@@ -846,8 +834,7 @@ AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         const void *y = (const uint8_t *)x + (size_t)r * xs;
-        __m256 t8 = _mm256_add_ps(acc[r][0], acc[r][1]);
-        if (na == 4) t8 = _mm256_add_ps(t8, _mm256_add_ps(acc[r][2], acc[r][3]));
+        __m256 t8 = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
         float t = hsum_ps(t8);
         for (int64_t k = i; k < n; k++) t += load1(kind, w, k) * load1(kind, y, k);
         s[r] = t;
@@ -862,9 +849,9 @@ AI void f16_rows(int64_t n, const int NR, float *s, const void *w, const void *x
 AI void bf16_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     float_rows(2, n, NR, s, w, x, xs);
 }
-DEFINE_DOTS(f32, f32_rows)
-DEFINE_DOTS(f16, f16_rows)
-DEFINE_DOTS(bf16, bf16_rows)
+DEFINE_DOTS2(f32, f32_rows)
+DEFINE_DOTS2(f16, f16_rows)
+DEFINE_DOTS2(bf16, bf16_rows)
 
 // ---------------------------------------------------------------------------------------------
 // GEMM: 8 weight rows x many activation rows (prompt chunks). The 8 rows are packed so that one

@@ -73,22 +73,25 @@ AI float load1(const int kind, const void *p, int64_t i) {
     return kind == 1 ? f16(h) : st_bf16_to_f32(h);
 }
 
-#define DEFINE_DOTS(name, rows_fn)                                                              \
+// A type's dot and dot_multi from its row routine rows_fn(n, NR, s, w, x, xs) of NR <= G
+// activation rows (a compile-time constant after inlining): rows in groups of G, then the rest.
+#define DEFINE_DOTS_G(name, rows_fn, G)                                                         \
     static void name##_multi(int64_t n, int nx, float *s, const void *w, const void *x,        \
                              size_t xs) {                                                       \
         const uint8_t *xb = x;                                                                  \
         int r = 0;                                                                              \
-        for (; r + 4 <= nx; r += 4) rows_fn(n, 4, s + r, w, xb + (size_t)r * xs, xs);           \
-        switch (nx - r) {                                                                       \
-        case 3: rows_fn(n, 3, s + r, w, xb + (size_t)r * xs, xs); break;                        \
-        case 2: rows_fn(n, 2, s + r, w, xb + (size_t)r * xs, xs); break;                        \
-        case 1: rows_fn(n, 1, s + r, w, xb + (size_t)r * xs, xs); break;                        \
-        default: break;                                                                         \
-        }                                                                                       \
+        for (; r + (G) <= nx; r += (G)) rows_fn(n, (G), s + r, w, xb + (size_t)r * xs, xs);     \
+        if ((G) > 3 && nx - r == 3) rows_fn(n, 3, s + r, w, xb + (size_t)r * xs, xs);          \
+        else if ((G) > 2 && nx - r == 2) rows_fn(n, 2, s + r, w, xb + (size_t)r * xs, xs);     \
+        else if (nx - r == 1) rows_fn(n, 1, s + r, w, xb + (size_t)r * xs, xs);                \
     }                                                                                           \
     static void name##_dot(int64_t n, float *s, const void *w, const void *x) {                 \
         rows_fn(n, 1, s, w, x, 0);                                                              \
     }
+#define DEFINE_DOTS(name, rows_fn) DEFINE_DOTS_G(name, rows_fn, 4)
+// Routines of at most 2 rows (registers: several accumulation chains a row, each row summed as
+// alone, so dot_multi gives dot's bits).
+#define DEFINE_DOTS2(name, rows_fn) DEFINE_DOTS_G(name, rows_fn, 2)
 
 #define XROW(T, r) ((const T *)((const uint8_t *)x + (size_t)(r) * xs))
 

@@ -8,7 +8,8 @@
 // to that type's dot type.
 typedef void (*st_dot_fn)(int64_t n, float *s, const void *w, const void *x);
 // s[r] = dot(w, x + r * x_stride) for r < nx: one weight row against several activation rows,
-// reading the weight row once.
+// reading the weight row once. Each s[r] is the bits dot gives (test_quant_simd checks it on
+// every path): a window's rows get a row's (st_matmul_args.row_exact).
 typedef void (*st_dot_multi_fn)(int64_t n, int nx, float *s, const void *w, const void *x,
                                 size_t x_stride);
 

@@ -88,7 +88,7 @@ float st_vec_dot(st_type type, int64_t n, const void *w, const void *x);
 // row-contiguous; X is nx activation rows quantized to the dot type, x_stride bytes apart.
 // Each weight row is read once for all nx rows. Work is split over the pool by rows of W. From
 // 4 activation rows on, types with a GEMM kernel on the path (kernels.h) go 8 weight rows at a
-// time through it.
+// time through it, unless row_exact.
 typedef struct st_matmul_args {
     st_type type;
     const void *w;      // (rows, n) weights
@@ -98,6 +98,10 @@ typedef struct st_matmul_args {
     int nx;
     float *y;           // (nx, ldy) output
     int64_t ldy;
+    // Each activation row's outputs are the bits st_matmul gives that row alone (nx = 1):
+    // decode and verify windows, whose logits must not depend on the window. (dot_multi gives
+    // dot's bits on every path; the GEMM kernels sum in their own order and are left out.)
+    bool row_exact;
 } st_matmul_args;
 void st_matmul(st_pool *pool, const st_matmul_args *args);
 // Several independent products (at most ST_MATMUL_MANY of them) as one pool run: one wake-up

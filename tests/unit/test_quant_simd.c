@@ -426,6 +426,84 @@ static void test_matmul_one_row(void **state) {
     st_pool_free(pool);
 }
 
+// Every path's dot_multi gives each activation row the bits dot gives it (kernels.h), for every
+// type with a kernel, every row count up to 13 and odd block counts: the property a window's
+// rows rest on (st_matmul_args.row_exact).
+static void test_multi_is_dot(void **state) {
+    (void)state;
+    st_cpu_path saved = st_cpu_path_get();
+    for (int p = 0; p < ST_CPU_PATH_COUNT; p++) {
+        if (!st_cpu_path_supported((st_cpu_path)p)) continue;
+        for (int t = 0; t < ST_TYPE_COUNT; t++) {
+            const st_type_info *ti = st_type_get((st_type)t);
+            assert_int_equal(st_cpu_path_set((st_cpu_path)p), ST_OK);
+            const st_quant_kernels *k = st_quant_kernels_now();
+            if (!ti || !k->dot[t] || !k->dot_multi[t]) continue;
+            for (int nb = 1; nb <= 3; nb += 2) { // blocks of 256 elements: odd counts of 32-blocks too
+                int64_t n = (int64_t)nb * 256 + (ti->block == 32 ? 32 : 0);
+                fixture f;
+                fixture_init(&f, (st_type)t, n, 1, 13);
+                assert_int_equal(st_cpu_path_set((st_cpu_path)p), ST_OK);
+                k = st_quant_kernels_now();
+                for (int nx = 1; nx <= 13; nx++) {
+                    float s[13], one;
+                    k->dot_multi[t](n, nx, s, f.w, f.x, f.xs);
+                    for (int r = 0; r < nx; r++) {
+                        k->dot[t](n, &one, f.w, f.x + (size_t)r * f.xs);
+                        if (memcmp(&one, &s[r], sizeof one))
+                            fail_msg("%s %s n=%lld: dot_multi of %d rows, row %d: %.9g, dot %.9g",
+                                     st_cpu_path_name((st_cpu_path)p), ti->name, (long long)n, nx, r, s[r], one);
+                    }
+                }
+                fixture_free(&f);
+            }
+        }
+    }
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+}
+
+// A row-exact st_matmul (a decode or verify window) gives every activation row the bits the
+// one-row st_matmul gives it, for every type and path, 2 to 16 rows (past the GEMM threshold),
+// with and without the pool.
+static void test_matmul_row_exact(void **state) {
+    (void)state;
+    st_pool *pool = st_pool_create(3);
+    assert_non_null(pool);
+    st_cpu_path saved = st_cpu_path_get();
+    const int64_t n = 512;
+    const int rows = 40;
+    for (int t = 0; t < ST_TYPE_COUNT; t++) {
+        const st_type_info *ti = st_type_get((st_type)t);
+        if (!ti || !st_quant_kernels_now()->dot[t] || n % ti->block) continue;
+        fixture f;
+        fixture_init(&f, (st_type)t, n, rows, 16);
+        for (int p = 0; p < ST_CPU_PATH_COUNT; p++) {
+            if (!st_cpu_path_supported((st_cpu_path)p)) continue;
+            assert_int_equal(st_cpu_path_set((st_cpu_path)p), ST_OK);
+            float one[16 * 40], got[16 * 40];
+            for (int r = 0; r < 16; r++) {
+                st_matmul_args a = {.type = (st_type)t, .w = f.w, .n = n, .rows = rows, .x = f.x + (size_t)r * f.xs,
+                                    .x_stride = f.xs, .nx = 1, .y = one + r * rows, .ldy = rows};
+                st_matmul(NULL, &a);
+            }
+            for (int nx = 2; nx <= 16; nx++)
+                for (int use_pool = 0; use_pool < 2; use_pool++) {
+                    st_matmul_args a = {.type = (st_type)t, .w = f.w, .n = n, .rows = rows, .x = f.x, .x_stride = f.xs,
+                                        .nx = nx, .y = got, .ldy = rows, .row_exact = true};
+                    st_matmul(use_pool ? pool : NULL, &a);
+                    for (int i = 0; i < nx * rows; i++)
+                        if (memcmp(&one[i], &got[i], sizeof(float)))
+                            fail_msg("%s %s: %d rows row-exact (pool %d): row %d output %d: %.9g, alone %.9g",
+                                     st_cpu_path_name((st_cpu_path)p), ti->name, nx, use_pool, i / rows, i % rows,
+                                     got[i], one[i]);
+                }
+        }
+        fixture_free(&f);
+    }
+    assert_int_equal(st_cpu_path_set(saved), ST_OK);
+    st_pool_free(pool);
+}
+
 // st_matmul_many gives each product's rows exactly as its own st_matmul does, one activation row
 // (decode) or several (the GEMM path), products of different types and sizes in one run.
 static void test_matmul_many(void **state) {
@@ -508,6 +586,8 @@ int main(void) {
         cmocka_unit_test(test_quantize_paths),
         cmocka_unit_test(test_matmul_one_row),
         cmocka_unit_test(test_matmul_many),
+        cmocka_unit_test(test_multi_is_dot),
+        cmocka_unit_test(test_matmul_row_exact),
         cmocka_unit_test(test_dequantize_f16_paths),
         cmocka_unit_test(test_avx2),
         cmocka_unit_test(test_avx512),
