@@ -1,8 +1,10 @@
 // Unit tests for the routed experts on the CPU pool (st_experts_compute on the CPU backend): a
 // decode window (the small path, one pool job with barriers) gives bit for bit the rows the
-// prompt-chunk path gives for the same rows inside a larger batch. The windows route to
-// disjoint sets of experts, so in the batch every expert has the same rows as in its window and
-// both paths make the same products; two weight-type sets, one with a partial make unit.
+// other path (pool passes) gives for the same rows inside a larger batch, and the rows each of
+// them gives alone. The windows route to disjoint sets of experts, so in the batch every expert
+// has the same rows as in its window; every call is a window (up to ST_GRAPH_ROWS rows), whose
+// products are row-exact (st_matmul_args.row_exact), so the paths make the same products. Two
+// weight-type sets, one with a partial make unit.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -57,15 +59,16 @@ static st_mat3 stack(st_type t, int64_t rows, int64_t cols, int E) {
 enum { E = 64, K = 8, PER_WINDOW = 10 }; // each window routes to its own PER_WINDOW experts
 
 static void window_vs_batch(st_type tg, st_type td, int d, int F) {
-    static const int sizes[] = {1, 2, 3, 5, 8}; // n * K <= 64: the small path; the batch: 152
+    static const int sizes[] = {1, 2, 3, 4, 6}; // n * K <= 64: the small path; the batch: 128
     enum { W = sizeof sizes / sizeof sizes[0] };
     int N = 0;
     for (int w = 0; w < W; w++) N += sizes[w];
     st_mat3 gate = stack(tg, F, d, E), up = stack(tg, F, d, E), down = stack(td, d, F, E);
     float *x = malloc(sizeof(float) * N * d), *wt = malloc(sizeof(float) * N * K);
-    float *yb = malloc(sizeof(float) * N * d), *yw = malloc(sizeof(float) * N * d);
+    float *yb = malloc(sizeof(float) * N * d), *yw = malloc(sizeof(float) * N * d), *yr = malloc(sizeof(float) * d);
     int32_t *ids = malloc(sizeof(int32_t) * N * K);
-    assert_true(x && wt && yb && yw && ids);
+    assert_true(x && wt && yb && yw && yr && ids);
+    assert_true(N <= ST_GRAPH_ROWS); // the batch is a window too (the other path)
     for (int i = 0; i < N * d; i++) x[i] = (float)((double)(rng_u64() >> 11) / 9007199254740992.0 * 2 - 1);
     for (int w = 0, row = 0; w < W; w++)
         for (int i = 0; i < sizes[w]; i++, row++) {
@@ -108,6 +111,15 @@ static void window_vs_batch(st_type tg, st_type td, int d, int F) {
                 fail_msg("%s/%s d=%d F=%d: row %d col %d: window %.9g, batch %.9g", st_type_name(tg),
                          st_type_name(td), d, F, i / d, i % d, yw[i], yb[i]);
     }
+    for (int row = 0; row < N; row++) { // each row alone
+        st_moe_args ar = a;
+        ar.x = x + (size_t)row * d, ar.ids = ids + row * K, ar.weights = wt + row * K, ar.n = 1, ar.y = yr;
+        assert_int_equal(st_experts_compute(ex, b, &ar, NULL), ST_OK);
+        for (int c = 0; c < d; c++)
+            if (memcmp(&yr[c], &yw[(size_t)row * d + c], sizeof(float)))
+                fail_msg("%s/%s d=%d F=%d: row %d col %d: in its window %.9g, alone %.9g", st_type_name(tg),
+                         st_type_name(td), d, F, row, c, yw[(size_t)row * d + c], yr[c]);
+    }
     double mag = 0;
     for (int i = 0; i < N * d; i++) {
         assert_true(isfinite(yb[i]));
@@ -119,7 +131,7 @@ static void window_vs_batch(st_type tg, st_type td, int d, int F) {
     st_placement_free(pl);
     st_backend_free(b);
     free((void *)gate.data), free((void *)up.data), free((void *)down.data);
-    free(x), free(wt), free(yb), free(yw), free(ids);
+    free(x), free(wt), free(yb), free(yw), free(yr), free(ids);
 }
 
 // Q8_K activations, whole make units.
