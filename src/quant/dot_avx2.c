@@ -167,12 +167,14 @@ AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, cons
     const uint8_t *wb = w;
     const size_t bsz = is_q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
     // Each row's even and odd blocks in two chains (not one multiply-add latency a block), up to
-    // 2 rows (DEFINE_DOTS2: registers), each summed exactly as alone.
-    __m256 acc0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m128 accm0[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, accm1[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    // 3 rows a pass (registers), each summed exactly as alone.
+    __m256 acc0[3] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc1[3] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 accm0[3] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    __m128 accm1[3] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        #pragma GCC unroll 2
+        #pragma GCC unroll 3
         for (int r = 0; r < NR; r++) {
             const block_q8_1 *y = XROW(block_q8_1, r) + i;
             accm0[r] = _mm_add_ps(accm0[r], legacy_min_block(is_q5, wb + (size_t)i * bsz, y, &acc0[r]));
@@ -196,8 +198,8 @@ AI void q4_1_rows(int64_t n, const int NR, float *s, const void *w, const void *
 AI void q5_1_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     legacy_min_rows(1, n, NR, s, w, x, xs);
 }
-DEFINE_DOTS2(q4_1, q4_1_rows)
-DEFINE_DOTS2(q5_1, q5_1_rows)
+DEFINE_DOTS_G(q4_1, q4_1_rows, 3)
+DEFINE_DOTS_G(q5_1, q5_1_rows, 3)
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K, Q5_K x Q8_K
@@ -813,11 +815,12 @@ AI __m256 load8(const int kind, const void *p, int64_t i) {
 AI void float_rows(const int kind, int64_t n, const int NR, float *s, const void *w,
                    const void *x, size_t xs) {
     // FMA latency: one row needs 4 independent accumulators to keep both FMA units busy. Up to
-    // 2 rows (DEFINE_DOTS2), each with the 4 of a row alone: the same sums, the same bits.
+    // 3 rows a pass (12 accumulators), each with the 4 of a row alone: the same sums, the same
+    // bits.
     enum { NA = 4 };
-    __m256 acc[2][NA];
-    #pragma GCC unroll 8
-    for (int r = 0; r < 2; r++)
+    __m256 acc[3][NA];
+    #pragma GCC unroll 12
+    for (int r = 0; r < 3; r++)
         for (int a = 0; a < NA; a++) acc[r][a] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 * NA <= n; i += 8 * NA) {
@@ -849,9 +852,9 @@ AI void f16_rows(int64_t n, const int NR, float *s, const void *w, const void *x
 AI void bf16_rows(int64_t n, const int NR, float *s, const void *w, const void *x, size_t xs) {
     float_rows(2, n, NR, s, w, x, xs);
 }
-DEFINE_DOTS2(f32, f32_rows)
-DEFINE_DOTS2(f16, f16_rows)
-DEFINE_DOTS2(bf16, bf16_rows)
+DEFINE_DOTS_G(f32, f32_rows, 3)
+DEFINE_DOTS_G(f16, f16_rows, 3)
+DEFINE_DOTS_G(bf16, bf16_rows, 3)
 
 // ---------------------------------------------------------------------------------------------
 // GEMM: 8 weight rows x many activation rows (prompt chunks). The 8 rows are packed so that one

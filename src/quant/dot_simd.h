@@ -89,9 +89,6 @@ AI float load1(const int kind, const void *p, int64_t i) {
         rows_fn(n, 1, s, w, x, 0);                                                              \
     }
 #define DEFINE_DOTS(name, rows_fn) DEFINE_DOTS_G(name, rows_fn, 4)
-// Routines of at most 2 rows (registers: several accumulation chains a row, each row summed as
-// alone, so dot_multi gives dot's bits).
-#define DEFINE_DOTS2(name, rows_fn) DEFINE_DOTS_G(name, rows_fn, 2)
 
 #define XROW(T, r) ((const T *)((const uint8_t *)x + (size_t)(r) * xs))
 
