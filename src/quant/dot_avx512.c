@@ -408,16 +408,15 @@ DEFINE_DOTS(bf16, bf16_rows)
 
 // ---------------------------------------------------------------------------------------------
 
-// A type with its own AVX-512 kernels uses them for every batch: the AVX2 table's GEMM kernels
-// (8 weight rows x many activation rows, 2.4x the AVX2 dot_multi on Zen 3) are not laid over
-// them, because nobody has yet timed them against these VNNI kernels on an AVX-512 machine
-// (`strata bench kernels --path all --nx 32` there says which wins).
+// A type with its own AVX-512 kernels uses them for one row and for windows, and keeps the AVX2
+// table's GEMM (8 weight rows x many activation rows) for batches of 4 rows or more: on this
+// project's Sapphire-Rapids-class Xeon (one thread, 4096 x 4096, 32 rows: `strata bench kernels
+// --path all --nx 32`) the GEMM reads q4_K 1.75x, q5_K 1.6x, q6_K 2.2x and iq4_xs 1.75x as fast
+// as these VNNI kernels' dot_multi (bench/results/2026-12-07-cpu-window-exact.md).
 #define SET(T, name)                                                                            \
     do {                                                                                        \
         k->dot[T] = name##_dot;                                                                 \
         k->dot_multi[T] = name##_multi;                                                         \
-        k->gemm_pack[T] = NULL;                                                                 \
-        k->gemm[T] = NULL;                                                                      \
     } while (0)
 
 void st_quant_kernels_avx512(st_quant_kernels *k) {
