@@ -208,6 +208,9 @@ typedef struct st_hand_args {
 // Windows of at most this many rows (decode, verify) may be recorded and replayed; larger
 // calls (prompt chunks) always run as they come.
 #define ST_GRAPH_ROWS 16
+// A window's rows get the bits each row gets alone (exact verification): its products are
+// row-exact (st_matmul_args.row_exact); prompt chunks may sum in any order.
+static inline bool st_row_exact(int n) { return n <= ST_GRAPH_ROWS; }
 
 // A recorded window is planned for a context of st_graph_ctx(pos_end, n_ctx) positions: 256, then
 // doubling past the window's last position pos_end, at most the cache's n_ctx. So a short

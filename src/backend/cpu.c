@@ -61,10 +61,9 @@ static void cpu_matmul_many(st_backend *b, int nw, const st_mat *const *w, const
         st_type dt = st_type_get(w[i]->type)->dot_type;
         if (same[i] == i)
             for (int r = 0; r < n; r++) st_quantize(dt, x + (size_t)r * w[i]->cols, xq + off[i] + r * xs[i], w[i]->cols);
-        // A window's rows (decode, verify: up to ST_GRAPH_ROWS) get the bits each gets alone.
         a[i] = (st_matmul_args){.type = w[i]->type, .w = w[i]->data, .n = w[i]->cols, .rows = w[i]->rows,
                                 .x = xq + off[i], .x_stride = xs[i], .nx = n, .y = y[i], .ldy = w[i]->rows,
-                                .row_exact = n <= ST_GRAPH_ROWS};
+                                .row_exact = st_row_exact(n)};
     }
     st_matmul_many(b->pool, nw, a);
 }

@@ -212,10 +212,6 @@ static void swiglu_quantize(void *ctx, int ith, int nth) {
     }
 }
 
-// Windows of up to ST_GRAPH_ROWS rows (decode, verify) give every row the bits it gets alone:
-// its experts' products are row-exact (st_matmul_args.row_exact), whatever rows share them.
-#define ROW_EXACT(n) ((n) <= ST_GRAPH_ROWS)
-
 // Assignments (rows times choices) up to which a batch is a small window: one pool job a layer.
 #define SMALL_ASSIGNMENTS 64
 
@@ -313,8 +309,8 @@ static void small_worker(void *ctx, int ith, int nth) {
         int a = t / j->per1, g0 = j->start[a], m = j->start[a + 1] - g0;
         int r0 = t % j->per1 * j->chunk1, r1 = r0 + j->chunk1 < j->F ? r0 + j->chunk1 : j->F;
         const char *xq = j->xq + (size_t)g0 * j->xs;
-        small_product(j->gate, j->experts[a], r0, r1, xq, j->xs, m, j->hg + (size_t)g0 * j->F, j->F, ROW_EXACT(j->n));
-        small_product(j->up, j->experts[a], r0, r1, xq, j->xs, m, j->hu + (size_t)g0 * j->F, j->F, ROW_EXACT(j->n));
+        small_product(j->gate, j->experts[a], r0, r1, xq, j->xs, m, j->hg + (size_t)g0 * j->F, j->F, st_row_exact(j->n));
+        small_product(j->up, j->experts[a], r0, r1, xq, j->xs, m, j->hu + (size_t)g0 * j->F, j->F, st_row_exact(j->n));
         // acq_rel: the last finisher of a unit sees the other items' outputs over it.
         for (int s = r0 / SMALL_SEG; s * SMALL_SEG < r1; s++)
             if (atomic_fetch_sub_explicit(&j->left[a * j->nseg + s], 1, memory_order_acq_rel) == 1)
@@ -326,7 +322,7 @@ static void small_worker(void *ctx, int ith, int nth) {
         int a = t / j->per2, g0 = j->start[a], m = j->start[a + 1] - g0;
         int r0 = t % j->per2 * j->chunk2, r1 = r0 + j->chunk2 < j->d ? r0 + j->chunk2 : j->d;
         small_product(j->down, j->experts[a], r0, r1, j->hq + (size_t)g0 * j->hs, j->hs, m,
-                      j->yo + (size_t)g0 * j->d, j->d, ROW_EXACT(j->n));
+                      j->yo + (size_t)g0 * j->d, j->d, st_row_exact(j->n));
     }
 }
 
@@ -452,14 +448,14 @@ static st_status host_moe(st_experts *ex, st_pool *pool, const st_expert_weights
         st_pool_run(pool, quantize_inputs, &qj);
 
         moe_pass p1 = {.w = {gate, up}, .y = {hg, hu}, .xq = xq, .xs = xs, .experts = experts,
-                       .start = start, .n_active = n_active, .row_exact = ROW_EXACT(n)};
+                       .start = start, .n_active = n_active, .row_exact = st_row_exact(n)};
         run_pass(pool, &p1, F);
 
         act_job aj = {.g = hg, .u = hu, .f = F, .type = ddt, .q = hq, .qs = hs, .n = valid};
         st_pool_run(pool, swiglu_quantize, &aj);
 
         moe_pass p2 = {.w = {down, NULL}, .y = {yo, NULL}, .xq = hq, .xs = hs, .experts = experts,
-                       .start = start, .n_active = n_active, .row_exact = ROW_EXACT(n)};
+                       .start = start, .n_active = n_active, .row_exact = st_row_exact(n)};
         run_pass(pool, &p2, d);
     }
 

@@ -182,11 +182,11 @@ AI void legacy_min_rows(const int is_q5, int64_t n, const int NR, float *s, cons
         }
     }
     if (i < nb) {
-        #pragma GCC unroll 2
+        #pragma GCC unroll 3
         for (int r = 0; r < NR; r++)
             accm0[r] = _mm_add_ps(accm0[r], legacy_min_block(is_q5, wb + (size_t)i * bsz, XROW(block_q8_1, r) + i, &acc0[r]));
     }
-    #pragma GCC unroll 2
+    #pragma GCC unroll 3
     for (int r = 0; r < NR; r++) {
         __m128 m = _mm_add_ps(accm0[r], accm1[r]);
         s[r] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) + _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1));
